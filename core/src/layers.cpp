@@ -1,0 +1,87 @@
+#include "layers.h"
+
+#include <cmath>
+
+namespace latent::layers {
+
+size_t StateSlots::bytes() const {
+  size_t n = 0;
+  for (const auto& t : tensors)
+    if (t.defined()) n += t.nbytes();
+  return n;
+}
+
+Conv Conv::load(WeightReader& r, const std::string& prefix, std::vector<int64_t> weight_shape) {
+  Conv c;
+  int64_t cout = weight_shape[0];
+  c.w = r.take(prefix + ".weight", std::move(weight_shape));
+  c.b = r.take(prefix + ".bias", {cout});
+  return c;
+}
+
+CausalConv3d CausalConv3d::load(WeightReader& r, const std::string& prefix, int64_t cin, int64_t cout,
+                                std::array<int64_t, 3> k, TimePad pad, SlotAllocator& slots) {
+  CausalConv3d c;
+  c.conv = Conv::load(r, prefix, {cout, cin, k[0], k[1], k[2]});
+  c.kt = k[0];
+  c.kh = k[1];
+  c.kw = k[2];
+  c.pad = pad;
+  if (c.kt > 1) c.slot = slots.take();
+  return c;
+}
+
+Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
+  const std::vector<int64_t> spatial_pad = {0, (kh - 1) / 2, (kw - 1) / 2};
+  if (kt == 1) return torch::conv3d(x, conv.w, conv.b, 1, spatial_pad);
+  Tensor& history = s.tensors[slot];
+  Tensor left;
+  if (history.defined()) {
+    left = history;
+  } else if (pad == TimePad::zeros) {
+    auto sizes = x.sizes().vec();
+    sizes[2] = kt - 1;
+    left = torch::zeros(sizes, x.options());
+  } else {
+    left = x.slice(2, 0, 1).expand({-1, -1, kt - 1, -1, -1});
+  }
+  Tensor padded = torch::cat({left, x}, 2);
+  // A copy, not a view: a view would pin the whole padded chunk in memory until the next chunk.
+  history = padded.slice(2, padded.size(2) - (kt - 1)).clone();
+  return torch::conv3d(padded, conv.w, conv.b, 1, spatial_pad);
+}
+
+Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
+  const bool half = x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble;
+  Tensor xf = half ? x.to(torch::kFloat) : x;
+  Tensor norm = xf.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12);
+  Tensor y = xf / norm * std::sqrt(double(x.size(1))) * gamma.to(xf.scalar_type());
+  return half ? y.to(x.scalar_type()) : y;
+}
+
+namespace {
+Tensor frames_to_batch(const Tensor& x) {  // [B, C, T, H, W] -> [B*T, C, H, W]
+  return x.permute({0, 2, 1, 3, 4}).reshape({x.size(0) * x.size(2), x.size(1), x.size(3), x.size(4)});
+}
+Tensor batch_to_frames(const Tensor& y, int64_t b, int64_t t) {  // [B*T, C, H, W] -> [B, C, T, H, W]
+  return y.reshape({b, t, y.size(1), y.size(2), y.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();
+}
+}  // namespace
+
+Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding) {
+  Tensor y = torch::conv2d(frames_to_batch(x), c.w, c.b, stride, padding);
+  return batch_to_frames(y, x.size(0), x.size(2));
+}
+
+Tensor upsample2x_per_frame(const Tensor& x) {
+  // Nearest x2 is pure repetition: expand and reshape instead of an interpolation kernel.
+  auto s = x.sizes();
+  return x.unsqueeze(4)
+      .unsqueeze(6)
+      .expand({s[0], s[1], s[2], s[3], 2, s[4], 2})
+      .reshape({s[0], s[1], s[2], s[3] * 2, s[4] * 2});
+}
+
+Tensor conv1x1x1(const Tensor& x, const Conv& c) { return torch::conv3d(x, c.w, c.b); }
+
+}  // namespace latent::layers

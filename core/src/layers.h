@@ -1,0 +1,68 @@
+// Building blocks shared by the VAE families. Layers are plain structs of weight tensors with const forward
+// functions; whatever a layer carries from chunk to chunk lives in a StateSlots object owned by the stream, at
+// an index fixed when the model is built. One loaded model therefore serves any number of streams.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "latent/weights.h"
+
+namespace latent::layers {
+
+using torch::Tensor;
+
+// Per-stream carried tensors, one slot per stateful layer.
+struct StateSlots {
+  std::vector<Tensor> tensors;
+  std::vector<bool> started;  // for layers whose first chunk differs (Wan's temporal resamplers)
+  explicit StateSlots(size_t n = 0) : tensors(n), started(n, false) {}
+  size_t bytes() const;
+};
+
+// Hands out slot indices in construction order.
+struct SlotAllocator {
+  int next = 0;
+  int take() { return next++; }
+};
+
+struct Conv {
+  Tensor w, b;
+  static Conv load(WeightReader& r, const std::string& prefix, std::vector<int64_t> weight_shape);
+};
+
+enum class TimePad {
+  zeros,           // Wan: the clip is preceded by zero frames
+  replicate_first  // CogVideoX: the first frame is repeated
+};
+
+// A convolution that is causal in time: each output frame sees its own and the kT-1 previous input frames. The
+// last kT-1 frames of the time-padded input are carried to the next chunk, so a clip cut into chunks gives the
+// convolution exactly the sequence it would see in one pass.
+struct CausalConv3d {
+  Conv conv;
+  int64_t kt = 3, kh = 3, kw = 3;
+  TimePad pad = TimePad::zeros;
+  int slot = -1;  // -1 when kT == 1 (nothing to carry)
+
+  static CausalConv3d load(WeightReader& r, const std::string& prefix, int64_t cin, int64_t cout,
+                           std::array<int64_t, 3> k, TimePad pad, SlotAllocator& slots);
+  Tensor forward(const Tensor& x, StateSlots& s) const;
+};
+
+// x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma, computed in float32 for half inputs.
+Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma);
+
+// Applies a 2-D convolution to every frame of a [B, C, T, H, W] tensor.
+Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding);
+
+// Nearest-neighbour x2 upsampling of H and W of every frame. Pure repetition, so exact in any dtype (the
+// references compute it in float32 for the same values).
+Tensor upsample2x_per_frame(const Tensor& x);
+
+// Pointwise (1x1x1) 3-D convolution.
+Tensor conv1x1x1(const Tensor& x, const Conv& c);
+
+}  // namespace latent::layers
