@@ -20,7 +20,9 @@ TEST(Registry, ParsesDevicesAndRefusesMissingOnes) {
       EXPECT_NE(std::string(e.what()).find("'cuda:7' requested, but this machine has"), std::string::npos) << e.what();
     }
   }
-  if (!cuda_available()) EXPECT_THROW(resolve_device("cuda"), DeviceError);
+  if (!cuda_available()) {
+    EXPECT_THROW(resolve_device("cuda"), DeviceError);
+  }
 }
 
 TEST(Registry, ParsesDtypes) {
