@@ -1,6 +1,7 @@
 // The entry point of the `latent` plugin: registers every element of gst-latent.
 #include <gst/gst.h>
 
+#include "elements.h"
 #include "latent/runtime.h"
 #include "plugin-config.h"
 
@@ -12,8 +13,11 @@ static gboolean plugin_init(GstPlugin* plugin) {
   // Only what the build offers is logged here: probing the GPUs would initialise CUDA inside
   // gst-plugin-scanner. A machine without CUDA must still get every element, running on the CPU.
   GST_INFO("core library built %s CUDA", latent::built_with_cuda() ? "with" : "without");
-  (void)plugin;
-  return TRUE;
+  // Registration only fails for a broken GType; one bad element should not hide the others.
+  gboolean ok = FALSE;
+  ok |= GST_ELEMENT_REGISTER(latentfilesink, plugin);
+  ok |= GST_ELEMENT_REGISTER(latentfilesrc, plugin);
+  return ok;
 }
 
 GST_PLUGIN_DEFINE(GST_VERSION_MAJOR, GST_VERSION_MINOR, latent,

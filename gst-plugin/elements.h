@@ -1,0 +1,8 @@
+// Every element of the `latent` plugin; each element file defines its registration function with
+// GST_ELEMENT_REGISTER_DEFINE and plugin.cpp calls them all.
+#pragma once
+
+#include <gst/gst.h>
+
+GST_ELEMENT_REGISTER_DECLARE(latentfilesink);
+GST_ELEMENT_REGISTER_DECLARE(latentfilesrc);
