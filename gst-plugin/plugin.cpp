@@ -17,6 +17,8 @@ static gboolean plugin_init(GstPlugin* plugin) {
   gboolean ok = FALSE;
   ok |= GST_ELEMENT_REGISTER(latentfilesink, plugin);
   ok |= GST_ELEMENT_REGISTER(latentfilesrc, plugin);
+  ok |= GST_ELEMENT_REGISTER(vaedecode, plugin);
+  ok |= GST_ELEMENT_REGISTER(vaeencode, plugin);
   return ok;
 }
 

@@ -1,0 +1,441 @@
+#include "vaedecode.h"
+
+#include <gst/video/video.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+
+#include "elements.h"
+#include "frame_convert.h"
+#include "latent/streaming.h"
+#include "latent_caps.h"
+#include "model_glue.h"
+
+GST_DEBUG_CATEGORY_STATIC(vae_decode_debug);
+#define GST_CAT_DEFAULT vae_decode_debug
+
+using latent::gst::Fraction;
+using latent::gst::LatentCapsInfo;
+using latent::gst::LatentFrameStamp;
+
+namespace {
+
+enum {
+  PROP_CHUNK_LATENTS = latent::gst::PROP_FIRST_FREE,
+  PROP_FRAMES_PROCESSED,
+  PROP_LATENTS_PROCESSED,
+  PROP_MEAN_CHUNK_LATENCY,
+};
+
+// A latent waiting for its frames: where they start and how many are real.
+struct Pending {
+  GstClockTime pts;
+  uint64_t offset;  // source index of its first frame, GST_BUFFER_OFFSET_NONE if unknown
+  int64_t frames;
+};
+
+struct Impl {
+  latent::gst::ModelSettings settings;  // object lock
+  guint chunk_latents = 2;
+
+  std::shared_ptr<const latent::Vae> model;
+  std::unique_ptr<latent::StreamingDecoder> decoder;
+  std::optional<LatentCapsInfo> in;
+  GstVideoInfo out{};
+  std::deque<Pending> pending;
+  int64_t emitted_of_front = 0;  // frames of pending.front() already pushed
+  bool discont = true;
+
+  std::atomic<guint64> frames{0}, latents{0}, chunks{0}, compute_ns{0};
+  GstClockTime reported_latency = GST_CLOCK_TIME_NONE;
+};
+
+}  // namespace
+
+struct _GstVaeDecode {
+  GstElement parent;
+  GstPad* sinkpad;
+  GstPad* srcpad;
+  Impl* impl;
+};
+
+G_DEFINE_TYPE_WITH_CODE(GstVaeDecode, gst_vae_decode, GST_TYPE_ELEMENT,
+                        GST_DEBUG_CATEGORY_INIT(vae_decode_debug, "vaedecode", 0, "video VAE decoder"));
+GST_ELEMENT_REGISTER_DEFINE(vaedecode, "vaedecode", GST_RANK_NONE, GST_TYPE_VAE_DECODE);
+
+namespace {
+
+GstClockTime frame_duration(const Impl& s) {
+  if (GST_VIDEO_INFO_FPS_N(&s.out) <= 0) return GST_CLOCK_TIME_NONE;
+  return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.out), GST_VIDEO_INFO_FPS_N(&s.out));
+}
+
+GstClockTime mean_compute(const Impl& s) {
+  guint64 n = s.chunks.load();
+  return n ? GstClockTime(s.compute_ns.load() / n) : 0;
+}
+
+// The decoder holds up to one chunk of latents (3 for CogVideoX) before frames come out.
+GstClockTime our_latency(const Impl& s) {
+  GstClockTime frame = frame_duration(s);
+  if (!s.model || !s.in || !GST_CLOCK_TIME_IS_VALID(frame)) return mean_compute(s);
+  const latent::ChunkRule& r = s.model->spec().decode_chunks;
+  const int64_t held = std::max(r.first, r.step) - 1;
+  return GstClockTime(held * s.in->temporal_factor) * frame + mean_compute(s);
+}
+
+void maybe_post_latency(GstVaeDecode* self) {
+  Impl& s = *self->impl;
+  GstClockTime now = our_latency(s), before = s.reported_latency;
+  if (GST_CLOCK_TIME_IS_VALID(before) && (now > before ? now - before : before - now) < GST_MSECOND) return;
+  s.reported_latency = now;
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+}
+
+// Pushes decoded frames, stamping them from the latents they came from.
+GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
+  Impl& s = *self->impl;
+  if (!frames.defined() || frames.size(0) == 0) return GST_FLOW_OK;
+  torch::Tensor rgb = latent::frames_to_rgb8(frames);
+  const GstClockTime dur = frame_duration(s);
+  for (int64_t i = 0; i < rgb.size(0); ++i) {
+    while (!s.pending.empty() && s.emitted_of_front >= s.pending.front().frames) {
+      s.pending.pop_front();
+      s.emitted_of_front = 0;
+    }
+    GstClockTime pts = GST_CLOCK_TIME_NONE;
+    if (!s.pending.empty() && GST_CLOCK_TIME_IS_VALID(s.pending.front().pts)) {
+      const Pending& p = s.pending.front();
+      pts = p.pts;
+      if (s.emitted_of_front > 0 && GST_VIDEO_INFO_FPS_N(&s.out) > 0) {
+        // Stepping by whole frames from the source index reproduces the source's rounding of each PTS.
+        const uint64_t o = p.offset != GST_BUFFER_OFFSET_NONE ? p.offset : 0, k = uint64_t(s.emitted_of_front);
+        const int n = GST_VIDEO_INFO_FPS_N(&s.out), d = GST_VIDEO_INFO_FPS_D(&s.out);
+        pts += gst_util_uint64_scale(o + k, GST_SECOND * d, n) - gst_util_uint64_scale(o, GST_SECOND * d, n);
+      }
+    }
+    s.emitted_of_front++;
+    GstBuffer* buf = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&s.out), nullptr);
+    GstVideoFrame vf;
+    if (!gst_video_frame_map(&vf, &s.out, buf, GST_MAP_WRITE)) {
+      gst_buffer_unref(buf);
+      return GST_FLOW_ERROR;
+    }
+    latent::gst::rgb8_to_frame(rgb[i], &vf);
+    gst_video_frame_unmap(&vf);
+    GST_BUFFER_PTS(buf) = pts;
+    GST_BUFFER_DURATION(buf) = dur;
+    if (s.discont) {
+      GST_BUFFER_FLAG_SET(buf, GST_BUFFER_FLAG_DISCONT);
+      s.discont = false;
+    }
+    s.frames++;
+    GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
+    if (ret != GST_FLOW_OK) return ret;
+  }
+  return GST_FLOW_OK;
+}
+
+void reset_clip(Impl& s) {
+  if (s.decoder) s.decoder->reset();
+  s.pending.clear();
+  s.emitted_of_front = 0;
+  s.discont = true;
+}
+
+GstFlowReturn drain(GstVaeDecode* self) {
+  Impl& s = *self->impl;
+  if (!s.decoder || s.decoder->pending_latents() == 0) {
+    reset_clip(s);
+    return GST_FLOW_OK;
+  }
+  GstFlowReturn ret;
+  try {
+    ret = push_frames(self, s.decoder->finish());
+  } catch (const std::exception& e) {
+    latent::gst::post_exception(GST_ELEMENT(self), "decoding the end of the clip", e);
+    ret = GST_FLOW_ERROR;
+  }
+  reset_clip(s);
+  return ret;
+}
+
+GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
+  auto* self = GST_VAE_DECODE(parent);
+  Impl& s = *self->impl;
+  if (!s.in || !s.decoder) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first latent."), (nullptr));
+    return GST_FLOW_NOT_NEGOTIATED;
+  }
+  GstFlowReturn ret = GST_FLOW_OK;
+  if (GST_BUFFER_IS_DISCONT(buf) && s.decoder->latents_in() > 0) {
+    ret = drain(self);
+    if (ret != GST_FLOW_OK) {
+      gst_buffer_unref(buf);
+      return ret;
+    }
+  }
+  GstMapInfo map;
+  if (!gst_buffer_map(buf, &map, GST_MAP_READ)) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, STREAM, DECODE, ("Cannot read a latent buffer."), (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  try {
+    // The first latent of a clip stands for 1 frame, the others for temporal-factor frames; the buffer's
+    // offsets say how many of those are real (fewer at the padded end of a clip).
+    torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map).unsqueeze(0);
+    LatentFrameStamp stamp = latent::gst::read_stamp(buf);
+    const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
+    const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
+    s.pending.push_back({stamp.pts, stamp.first_frame, real});
+    auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor frames = s.decoder->push(z, {real});  // copies z to the device before the map goes away
+    gst_buffer_unmap(buf, &map);
+    s.latents++;
+    if (frames.defined()) {
+      s.compute_ns +=
+          guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+      s.chunks++;
+      maybe_post_latency(self);
+    }
+    ret = push_frames(self, frames);
+  } catch (const std::exception& e) {
+    gst_buffer_unmap(buf, &map);
+    latent::gst::post_exception(GST_ELEMENT(self), "decoding", e);
+    ret = GST_FLOW_ERROR;
+  }
+  gst_buffer_unref(buf);
+  return ret;
+}
+
+bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
+  Impl& s = *self->impl;
+  std::string why;
+  auto info = LatentCapsInfo::from_caps(caps, &why);
+  if (!info) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Invalid latent caps: %s", why.c_str()), ("%" GST_PTR_FORMAT, caps));
+    return false;
+  }
+  const latent::VaeSpec& spec = s.model->spec();
+  // A latent stream is tied to its model like a bitstream to its codec.
+  if (info->model != spec.model_id || info->channels != spec.latent_channels ||
+      info->spatial_factor != spec.spatial_factor || info->temporal_factor != spec.temporal_factor) {
+    GST_ELEMENT_ERROR(
+        self, CORE, NEGOTIATION,
+        ("Latents of model '%s' (%d channels, %dx spatial, %dx temporal) cannot be decoded by model "
+         "'%s' (%lld channels, %lldx, %lldx).",
+         info->model.c_str(), info->channels, info->spatial_factor, info->temporal_factor, spec.model_id.c_str(),
+         (long long)spec.latent_channels, (long long)spec.spatial_factor, (long long)spec.temporal_factor),
+        ("set vaedecode's model to the model that encoded the stream"));
+    return false;
+  }
+  if (s.in && drain(self) != GST_FLOW_OK) return false;
+  reset_clip(s);
+  s.in = info;
+  // The video size is the source's; latents of other grids decode to spatial_factor times their size.
+  int w = info->video_width > 0 ? info->video_width : info->width * info->spatial_factor;
+  int h = info->video_height > 0 ? info->video_height : info->height * info->spatial_factor;
+  if (w != info->width * info->spatial_factor || h != info->height * info->spatial_factor) {
+    w = info->width * info->spatial_factor;
+    h = info->height * info->spatial_factor;
+  }
+  Fraction fps = info->video_framerate;
+  if (fps.num == 0 && info->framerate.num > 0) fps = {info->framerate.num * info->temporal_factor, info->framerate.den};
+
+  // Offer every RGB layout we write and let downstream pick.
+  GstCaps* templ = gst_pad_get_pad_template_caps(self->srcpad);
+  GstCaps* want = gst_caps_make_writable(templ);
+  gst_caps_set_simple(want, "width", G_TYPE_INT, w, "height", G_TYPE_INT, h, "framerate", GST_TYPE_FRACTION, fps.num,
+                      fps.den, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
+  GstCaps* peer = gst_pad_peer_query_caps(self->srcpad, want);
+  GstCaps* chosen = gst_caps_is_empty(peer) ? nullptr : gst_caps_fixate(gst_caps_ref(peer));
+  gst_caps_unref(peer);
+  gst_caps_unref(want);
+  if (!chosen) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Downstream accepts none of the RGB formats vaedecode writes."),
+                      ("put videoconvert after vaedecode"));
+    return false;
+  }
+  gst_video_info_from_caps(&s.out, chosen);
+  bool ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(chosen));
+  gst_caps_unref(chosen);
+  maybe_post_latency(self);
+  return ok;
+}
+
+gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
+  auto* self = GST_VAE_DECODE(parent);
+  Impl& s = *self->impl;
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      GstCaps* caps;
+      gst_event_parse_caps(event, &caps);
+      bool ok = set_latent_caps(self, caps);
+      gst_event_unref(event);
+      return ok;
+    }
+    case GST_EVENT_EOS: drain(self); break;
+    case GST_EVENT_FLUSH_STOP: reset_clip(s); break;
+    default: break;
+  }
+  return gst_pad_event_default(pad, parent, event);
+}
+
+gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  auto* self = GST_VAE_DECODE(parent);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY) {
+    if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
+    gboolean live;
+    GstClockTime min, max;
+    gst_query_parse_latency(query, &live, &min, &max);
+    GstClockTime ours = our_latency(*self->impl);
+    min += ours;
+    if (GST_CLOCK_TIME_IS_VALID(max)) max += ours;
+    gst_query_set_latency(query, live, min, max);
+    return TRUE;
+  }
+  return gst_pad_query_default(pad, parent, query);
+}
+
+GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
+  auto* self = GST_VAE_DECODE(element);
+  Impl& s = *self->impl;
+  switch (transition) {
+    case GST_STATE_CHANGE_NULL_TO_READY: {
+      GST_OBJECT_LOCK(self);
+      auto settings = s.settings;
+      GST_OBJECT_UNLOCK(self);
+      s.model = latent::gst::acquire_model(element, settings);
+      if (!s.model) return GST_STATE_CHANGE_FAILURE;
+      break;
+    }
+    case GST_STATE_CHANGE_READY_TO_PAUSED: {
+      GST_OBJECT_LOCK(self);
+      latent::DecoderOptions opt{int64_t(s.chunk_latents)};
+      GST_OBJECT_UNLOCK(self);
+      s.decoder = std::make_unique<latent::StreamingDecoder>(s.model, opt);
+      s.in.reset();
+      s.frames = s.latents = s.chunks = s.compute_ns = 0;
+      s.reported_latency = GST_CLOCK_TIME_NONE;
+      reset_clip(s);
+      break;
+    }
+    default: break;
+  }
+  GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_vae_decode_parent_class)->change_state(element, transition);
+  switch (transition) {
+    case GST_STATE_CHANGE_PAUSED_TO_READY:
+      s.decoder.reset();
+      s.pending.clear();
+      s.in.reset();
+      break;
+    case GST_STATE_CHANGE_READY_TO_NULL: s.model.reset(); break;
+    default: break;
+  }
+  return ret;
+}
+
+void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VAE_DECODE(object);
+  Impl& s = *self->impl;
+  if (latent::gst::set_model_property(object, s.settings, id, value)) return;
+  GST_OBJECT_LOCK(self);
+  if (id == PROP_CHUNK_LATENTS) {
+    s.chunk_latents = g_value_get_uint(value);
+  } else {
+    G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VAE_DECODE(object);
+  Impl& s = *self->impl;
+  if (latent::gst::get_model_property(object, s.settings, id, value)) return;
+  switch (id) {
+    case PROP_CHUNK_LATENTS:
+      GST_OBJECT_LOCK(self);
+      g_value_set_uint(value, s.chunk_latents);
+      GST_OBJECT_UNLOCK(self);
+      break;
+    case PROP_FRAMES_PROCESSED: g_value_set_uint64(value, s.frames.load()); break;
+    case PROP_LATENTS_PROCESSED: g_value_set_uint64(value, s.latents.load()); break;
+    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, mean_compute(s)); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+}
+
+void finalize(GObject* object) {
+  delete GST_VAE_DECODE(object)->impl;
+  G_OBJECT_CLASS(gst_vae_decode_parent_class)->finalize(object);
+}
+
+}  // namespace
+
+static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
+  auto* gobject = G_OBJECT_CLASS(klass);
+  auto* element = GST_ELEMENT_CLASS(klass);
+  gobject->set_property = set_property;
+  gobject->get_property = get_property;
+  gobject->finalize = finalize;
+  element->change_state = change_state;
+
+  latent::gst::install_model_properties(gobject, "that encoded the latents, to decode");
+  auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject, PROP_CHUNK_LATENTS,
+      g_param_spec_uint("chunk-latents", "Chunk latents",
+                        "Latents per model call where the model allows batching (Wan); CogVideoX always runs its "
+                        "native 2-latent chunks",
+                        1, 256, 2, rw));
+  g_object_class_install_property(
+      gobject, PROP_FRAMES_PROCESSED,
+      g_param_spec_uint64("frames-processed", "Frames processed", "Video frames pushed since READY->PAUSED", 0,
+                          G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject, PROP_LATENTS_PROCESSED,
+      g_param_spec_uint64("latents-processed", "Latents processed", "Latent frames received since READY->PAUSED", 0,
+                          G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject, PROP_MEAN_CHUNK_LATENCY,
+      g_param_spec_uint64("mean-chunk-latency", "Mean chunk latency",
+                          "Mean compute time of one model call, in nanoseconds", 0, G_MAXUINT64, 0, ro));
+
+  gst_element_class_set_static_metadata(
+      element, "Video VAE decoder", "Filter/Converter/Video",
+      "Decodes the latent frames of a causal video VAE (Wan 2.1, CogVideoX) back into raw RGB video as they arrive, "
+      "with carried temporal caches; frames get their source timestamps back and the padded tail of a clip is "
+      "trimmed, so frames in == frames out through vaeencode ! vaedecode. Latents of another model are refused at "
+      "negotiation. Example: gst-launch-1.0 latentfilesrc location=clip.safetensors ! vaedecode "
+      "model=/models/Wan2.1-VAE ! videoconvert ! autovideosink",
+      "gst-latent");
+  std::string sink_caps = latent::gst::latent_template_caps_string();
+  GstCaps* sink = gst_caps_from_string(sink_caps.c_str());
+  gst_element_class_add_pad_template(element, gst_pad_template_new("sink", GST_PAD_SINK, GST_PAD_ALWAYS, sink));
+  gst_caps_unref(sink);
+  std::string src_caps = std::string("video/x-raw, format=(string)") + latent::gst::kDecoderFormats +
+                         ", width=(int)[ 1, 2147483647 ], height=(int)[ 1, 2147483647 ], "
+                         "framerate=(fraction)[ 0/1, 2147483647/1 ]";
+  GstCaps* src = gst_caps_from_string(src_caps.c_str());
+  gst_element_class_add_pad_template(element, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, src));
+  gst_caps_unref(src);
+}
+
+static void gst_vae_decode_init(GstVaeDecode* self) {
+  self->impl = new Impl();
+  auto* klass = GST_ELEMENT_GET_CLASS(self);
+  self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
+  gst_pad_set_chain_function(self->sinkpad, chain);
+  gst_pad_set_event_function(self->sinkpad, sink_event);
+  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
+  self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
+  gst_pad_set_query_function(self->srcpad, src_query);
+  gst_pad_use_fixed_caps(self->srcpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+}

@@ -1,0 +1,454 @@
+#include "vaeencode.h"
+
+#include <gst/video/video.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "elements.h"
+#include "frame_convert.h"
+#include "latent/streaming.h"
+#include "latent_caps.h"
+#include "model_glue.h"
+
+GST_DEBUG_CATEGORY_STATIC(vae_encode_debug);
+#define GST_CAT_DEFAULT vae_encode_debug
+
+using latent::gst::LatentCapsInfo;
+using latent::gst::LatentFrameStamp;
+
+namespace {
+
+enum {
+  PROP_SAMPLE = latent::gst::PROP_FIRST_FREE,
+  PROP_SEED,
+  PROP_CHUNK_FRAMES,
+  PROP_FRAMES_PROCESSED,
+  PROP_LATENTS_PRODUCED,
+  PROP_MEAN_CHUNK_LATENCY,
+};
+
+struct FrameTime {
+  GstClockTime pts, duration;
+};
+
+struct Impl {
+  // Settings, under the object lock.
+  latent::gst::ModelSettings settings;
+  bool sample = false;
+  guint64 seed = 0;
+  guint chunk_frames = 8;
+
+  // READY and up.
+  std::shared_ptr<const latent::Vae> model;
+  // Streaming thread (and state changes, which never overlap it).
+  std::unique_ptr<latent::StreamingEncoder> encoder;
+  GstVideoInfo video{};
+  bool have_video = false;
+  std::deque<FrameTime> times;  // frames not yet covered by a pushed latent, from clip frame `times_first`
+  int64_t times_first = 0;
+  uint64_t clip_base = 0;    // stream index of the current clip's frame 0
+  uint64_t next_source = 0;  // stream index of the next frame
+  bool discont = true;
+
+  std::atomic<guint64> frames{0}, latents{0}, chunks{0}, compute_ns{0};
+  GstClockTime reported_latency = GST_CLOCK_TIME_NONE;
+};
+
+}  // namespace
+
+struct _GstVaeEncode {
+  GstElement parent;
+  GstPad* sinkpad;
+  GstPad* srcpad;
+  Impl* impl;
+};
+
+G_DEFINE_TYPE_WITH_CODE(GstVaeEncode, gst_vae_encode, GST_TYPE_ELEMENT,
+                        GST_DEBUG_CATEGORY_INIT(vae_encode_debug, "vaeencode", 0, "video VAE encoder"));
+GST_ELEMENT_REGISTER_DEFINE(vaeencode, "vaeencode", GST_RANK_NONE, GST_TYPE_VAE_ENCODE);
+
+namespace {
+
+std::string sink_caps_string() {
+  // Sizes step by 8 so videoscale can meet the model's constraint during negotiation.
+  return std::string("video/x-raw, format=(string)") + latent::gst::kEncoderFormats +
+         ", width=(int)[ 8, 16384, 8 ], height=(int)[ 8, 16384, 8 ], framerate=(fraction)[ 0/1, 2147483647/1 ]";
+}
+
+GstClockTime mean_compute(const Impl& s) {
+  guint64 n = s.chunks.load();
+  return n ? GstClockTime(s.compute_ns.load() / n) : 0;
+}
+
+GstClockTime frame_duration(const Impl& s) {
+  if (!s.have_video || GST_VIDEO_INFO_FPS_N(&s.video) <= 0) return GST_CLOCK_TIME_NONE;
+  return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.video), GST_VIDEO_INFO_FPS_N(&s.video));
+}
+
+// Frames held back before a latent can be emitted, plus the time to compute one chunk.
+GstClockTime our_latency(const Impl& s) {
+  GstClockTime frame = frame_duration(s);
+  if (!s.encoder || !GST_CLOCK_TIME_IS_VALID(frame)) return mean_compute(s);
+  return GstClockTime(s.encoder->max_delay_frames()) * frame + mean_compute(s);
+}
+
+void maybe_post_latency(GstVaeEncode* self) {
+  Impl& s = *self->impl;
+  GstClockTime now = our_latency(s);
+  GstClockTime before = s.reported_latency;
+  // Re-announce when the estimate moves by more than a millisecond, not on every chunk.
+  if (GST_CLOCK_TIME_IS_VALID(before) && (now > before ? now - before : before - now) < GST_MSECOND) return;
+  s.reported_latency = now;
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+}
+
+GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out) {
+  Impl& s = *self->impl;
+  if (out.size() == 0) return GST_FLOW_OK;
+  torch::Tensor cpu = out.latents.to(torch::kCPU).contiguous();
+  for (int64_t i = 0; i < out.size(); ++i) {
+    const int64_t first = out.first_frame[size_t(i)], real = out.real_frames[size_t(i)];
+    LatentFrameStamp stamp;
+    stamp.first_frame = s.clip_base + uint64_t(first);
+    stamp.end_frame = stamp.first_frame + uint64_t(real);
+    const int64_t k = first - s.times_first;
+    if (real > 0 && k >= 0 && k + real <= int64_t(s.times.size())) {
+      const FrameTime& a = s.times[size_t(k)];
+      const FrameTime& b = s.times[size_t(k + real - 1)];
+      stamp.pts = a.pts;
+      if (GST_CLOCK_TIME_IS_VALID(a.pts) && GST_CLOCK_TIME_IS_VALID(b.pts) && GST_CLOCK_TIME_IS_VALID(b.duration))
+        stamp.duration = b.pts + b.duration - a.pts;
+    } else if (!s.times.empty() && k >= int64_t(s.times.size())) {
+      // A latent made only of tail padding: it sits right after the last real frame and lasts no time.
+      const FrameTime& last = s.times.back();
+      if (GST_CLOCK_TIME_IS_VALID(last.pts) && GST_CLOCK_TIME_IS_VALID(last.duration))
+        stamp.pts = last.pts + last.duration;
+      stamp.duration = 0;
+    }
+    GstBuffer* buf = latent::gst::buffer_wrapping_tensor(cpu[i].contiguous());
+    latent::gst::apply_stamp(buf, stamp);
+    if (s.discont) {
+      GST_BUFFER_FLAG_SET(buf, GST_BUFFER_FLAG_DISCONT);
+      s.discont = false;
+    }
+    // Frames covered by this latent are no longer needed for timing.
+    while (!s.times.empty() && s.times_first < first + real && int64_t(s.times.size()) > 1) {
+      s.times.pop_front();
+      ++s.times_first;
+    }
+    s.latents++;
+    GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
+    if (ret != GST_FLOW_OK) return ret;
+  }
+  return GST_FLOW_OK;
+}
+
+// Encodes what is pending (padding the tail) and starts a new clip.
+GstFlowReturn drain(GstVaeEncode* self) {
+  Impl& s = *self->impl;
+  if (!s.encoder || s.encoder->frames_in() == 0) return GST_FLOW_OK;
+  GstFlowReturn ret = GST_FLOW_OK;
+  try {
+    ret = push_latents(self, s.encoder->finish());
+  } catch (const std::exception& e) {
+    latent::gst::post_exception(GST_ELEMENT(self), "encoding the end of the clip", e);
+    ret = GST_FLOW_ERROR;
+  }
+  s.times.clear();
+  s.times_first = 0;
+  s.clip_base = s.next_source;
+  return ret;
+}
+
+void reset_clip(Impl& s) {
+  if (s.encoder) s.encoder->reset();
+  s.times.clear();
+  s.times_first = 0;
+  s.clip_base = s.next_source;
+  s.discont = true;
+}
+
+GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
+  auto* self = GST_VAE_ENCODE(parent);
+  Impl& s = *self->impl;
+  if (!s.have_video || !s.encoder) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first frame."), (nullptr));
+    return GST_FLOW_NOT_NEGOTIATED;
+  }
+  GstFlowReturn ret = GST_FLOW_OK;
+  if (GST_BUFFER_IS_DISCONT(buf) && s.encoder->frames_in() > 0) {
+    // A gap in the input ends the clip: what was pending is encoded, the caches start afresh.
+    ret = drain(self);
+    if (ret != GST_FLOW_OK) {
+      gst_buffer_unref(buf);
+      return ret;
+    }
+    s.discont = true;
+  }
+  GstVideoFrame frame;
+  if (!gst_video_frame_map(&frame, &s.video, buf, GST_MAP_READ)) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("A buffer does not hold a whole frame of the negotiated caps."),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  bool mapped = true;
+  try {
+    torch::Tensor x = latent::gst::frame_to_tensor(&frame, s.model->device()).unsqueeze(0);
+    gst_video_frame_unmap(&frame);
+    mapped = false;
+    s.times.push_back({GST_BUFFER_PTS(buf), GST_BUFFER_DURATION(buf)});
+    if (!GST_CLOCK_TIME_IS_VALID(s.times.back().duration)) s.times.back().duration = frame_duration(s);
+    s.next_source++;
+    s.frames++;
+    auto t0 = std::chrono::steady_clock::now();
+    latent::EncodedLatents out = s.encoder->push(x);
+    if (out.size() > 0) {
+      s.compute_ns +=
+          guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+      s.chunks++;
+      maybe_post_latency(self);
+    }
+    ret = push_latents(self, out);
+  } catch (const std::exception& e) {
+    if (mapped) gst_video_frame_unmap(&frame);
+    latent::gst::post_exception(GST_ELEMENT(self), "encoding", e);
+    ret = GST_FLOW_ERROR;
+  }
+  gst_buffer_unref(buf);
+  return ret;
+}
+
+bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
+  Impl& s = *self->impl;
+  GstVideoInfo info;
+  if (!gst_video_info_from_caps(&info, caps)) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Cannot read the video caps."), ("%" GST_PTR_FORMAT, caps));
+    return false;
+  }
+  try {
+    s.model->check_frame_size(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info));
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(
+        self, CORE, NEGOTIATION, ("%s", e.what()),
+        ("put videoscale ahead of vaeencode to resize, e.g. ! videoscale ! video/x-raw,width=W,height=H"));
+    return false;
+  }
+  // New caps mid-stream: what was encoded under the old caps is finished first.
+  if (s.have_video && drain(self) != GST_FLOW_OK) return false;
+  reset_clip(s);
+  s.video = info;
+  s.have_video = true;
+
+  const latent::VaeSpec& spec = s.model->spec();
+  LatentCapsInfo out;
+  out.model = spec.model_id;
+  out.format = latent::gst::latent_format_for(s.model->dtype());
+  out.channels = int(spec.latent_channels);
+  out.width = GST_VIDEO_INFO_WIDTH(&info) / int(spec.spatial_factor);
+  out.height = GST_VIDEO_INFO_HEIGHT(&info) / int(spec.spatial_factor);
+  out.temporal_factor = int(spec.temporal_factor);
+  out.spatial_factor = int(spec.spatial_factor);
+  out.video_width = GST_VIDEO_INFO_WIDTH(&info);
+  out.video_height = GST_VIDEO_INFO_HEIGHT(&info);
+  out.video_framerate = {GST_VIDEO_INFO_FPS_N(&info), GST_VIDEO_INFO_FPS_D(&info)};
+  out.framerate = {GST_VIDEO_INFO_FPS_N(&info), GST_VIDEO_INFO_FPS_D(&info) * int(spec.temporal_factor)};
+  if (out.framerate.num == 0) out.framerate = {0, 1};
+  GstCaps* latent_caps = out.to_caps();
+  bool ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(latent_caps));
+  gst_caps_unref(latent_caps);
+  maybe_post_latency(self);
+  return ok;
+}
+
+gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
+  auto* self = GST_VAE_ENCODE(parent);
+  Impl& s = *self->impl;
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      GstCaps* caps;
+      gst_event_parse_caps(event, &caps);
+      bool ok = set_video_caps(self, caps);
+      gst_event_unref(event);
+      return ok;
+    }
+    case GST_EVENT_EOS:
+      drain(self);  // errors are posted; EOS still goes on so the pipeline ends
+      reset_clip(s);
+      break;
+    case GST_EVENT_FLUSH_STOP:
+      reset_clip(s);
+      s.next_source = 0;
+      s.clip_base = 0;
+      break;
+    default: break;
+  }
+  return gst_pad_event_default(pad, parent, event);
+}
+
+gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  auto* self = GST_VAE_ENCODE(parent);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY) {
+    if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
+    gboolean live;
+    GstClockTime min, max;
+    gst_query_parse_latency(query, &live, &min, &max);
+    GstClockTime ours = our_latency(*self->impl);
+    min += ours;
+    if (GST_CLOCK_TIME_IS_VALID(max)) max += ours;
+    gst_query_set_latency(query, live, min, max);
+    return TRUE;
+  }
+  return gst_pad_query_default(pad, parent, query);
+}
+
+GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
+  auto* self = GST_VAE_ENCODE(element);
+  Impl& s = *self->impl;
+  switch (transition) {
+    case GST_STATE_CHANGE_NULL_TO_READY: {
+      GST_OBJECT_LOCK(self);
+      auto settings = s.settings;
+      GST_OBJECT_UNLOCK(self);
+      s.model = latent::gst::acquire_model(element, settings);
+      if (!s.model) return GST_STATE_CHANGE_FAILURE;
+      break;
+    }
+    case GST_STATE_CHANGE_READY_TO_PAUSED: {
+      GST_OBJECT_LOCK(self);
+      latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
+      GST_OBJECT_UNLOCK(self);
+      s.encoder = std::make_unique<latent::StreamingEncoder>(s.model, opt);
+      s.have_video = false;
+      s.next_source = s.clip_base = 0;
+      s.frames = s.latents = s.chunks = s.compute_ns = 0;
+      s.reported_latency = GST_CLOCK_TIME_NONE;
+      reset_clip(s);
+      break;
+    }
+    default: break;
+  }
+  GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_vae_encode_parent_class)->change_state(element, transition);
+  switch (transition) {
+    case GST_STATE_CHANGE_PAUSED_TO_READY:
+      s.encoder.reset();
+      s.times.clear();
+      s.have_video = false;
+      break;
+    case GST_STATE_CHANGE_READY_TO_NULL: s.model.reset(); break;
+    default: break;
+  }
+  return ret;
+}
+
+void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VAE_ENCODE(object);
+  Impl& s = *self->impl;
+  if (latent::gst::set_model_property(object, s.settings, id, value)) return;
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_SAMPLE: s.sample = g_value_get_boolean(value); break;
+    case PROP_SEED: s.seed = g_value_get_uint64(value); break;
+    case PROP_CHUNK_FRAMES: s.chunk_frames = g_value_get_uint(value); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VAE_ENCODE(object);
+  Impl& s = *self->impl;
+  if (latent::gst::get_model_property(object, s.settings, id, value)) return;
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_SAMPLE: g_value_set_boolean(value, s.sample); break;
+    case PROP_SEED: g_value_set_uint64(value, s.seed); break;
+    case PROP_CHUNK_FRAMES: g_value_set_uint(value, s.chunk_frames); break;
+    case PROP_FRAMES_PROCESSED: g_value_set_uint64(value, s.frames.load()); break;
+    case PROP_LATENTS_PRODUCED: g_value_set_uint64(value, s.latents.load()); break;
+    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, mean_compute(s)); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+void finalize(GObject* object) {
+  delete GST_VAE_ENCODE(object)->impl;
+  G_OBJECT_CLASS(gst_vae_encode_parent_class)->finalize(object);
+}
+
+}  // namespace
+
+static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
+  auto* gobject = G_OBJECT_CLASS(klass);
+  auto* element = GST_ELEMENT_CLASS(klass);
+  gobject->set_property = set_property;
+  gobject->get_property = get_property;
+  gobject->finalize = finalize;
+  element->change_state = change_state;
+
+  latent::gst::install_model_properties(gobject, "to encode");
+  auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject, PROP_SAMPLE,
+      g_param_spec_boolean("sample", "Sample",
+                           "Emit a sample of the posterior (mean + std * seeded noise) instead of its mean", FALSE,
+                           rw));
+  g_object_class_install_property(
+      gobject, PROP_SEED,
+      g_param_spec_uint64("seed", "Seed", "Seed of the noise when sample=true (the same on every device)", 0,
+                          G_MAXUINT64, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_CHUNK_FRAMES,
+      g_param_spec_uint("chunk-frames", "Chunk frames",
+                        "Frames per model call where the model allows batching (Wan); more is faster and uses more "
+                        "memory. CogVideoX always runs its native 8-frame chunks",
+                        1, 1024, 8, rw));
+  g_object_class_install_property(
+      gobject, PROP_FRAMES_PROCESSED,
+      g_param_spec_uint64("frames-processed", "Frames processed", "Video frames received since READY->PAUSED", 0,
+                          G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject, PROP_LATENTS_PRODUCED,
+      g_param_spec_uint64("latents-produced", "Latents produced", "Latent frames pushed since READY->PAUSED", 0,
+                          G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject, PROP_MEAN_CHUNK_LATENCY,
+      g_param_spec_uint64("mean-chunk-latency", "Mean chunk latency",
+                          "Mean compute time of one model call, in nanoseconds", 0, G_MAXUINT64, 0, ro));
+
+  gst_element_class_set_static_metadata(
+      element, "Video VAE encoder", "Filter/Converter/Video",
+      "Encodes raw video into the latent frames of a causal video VAE (Wan 2.1, CogVideoX) as the frames arrive, "
+      "with carried temporal caches, so clips of any length are encoded in bounded memory. 1 + 4k frames give "
+      "1 + k latents; other counts are padded and the latents record how many frames are real. Example: "
+      "gst-launch-1.0 videotestsrc num-buffers=17 ! videoconvert ! video/x-raw,width=320,height=176 ! "
+      "vaeencode model=/models/Wan2.1-VAE ! latentfilesink location=clip.safetensors",
+      "gst-latent");
+  GstCaps* sink = gst_caps_from_string(sink_caps_string().c_str());
+  gst_element_class_add_pad_template(element, gst_pad_template_new("sink", GST_PAD_SINK, GST_PAD_ALWAYS, sink));
+  gst_caps_unref(sink);
+  GstCaps* src = gst_caps_from_string(latent::gst::latent_template_caps_string().c_str());
+  gst_element_class_add_pad_template(element, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, src));
+  gst_caps_unref(src);
+}
+
+static void gst_vae_encode_init(GstVaeEncode* self) {
+  self->impl = new Impl();
+  auto* klass = GST_ELEMENT_GET_CLASS(self);
+  self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
+  gst_pad_set_chain_function(self->sinkpad, chain);
+  gst_pad_set_event_function(self->sinkpad, sink_event);
+  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
+  self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
+  gst_pad_set_query_function(self->srcpad, src_query);
+  gst_pad_use_fixed_caps(self->srcpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+}

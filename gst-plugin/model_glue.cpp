@@ -1,0 +1,126 @@
+#include "model_glue.h"
+
+#include <c10/util/Exception.h>
+
+#include "latent/registry.h"
+#include "latent/safetensors.h"
+
+GST_DEBUG_CATEGORY_STATIC(latent_model_debug);
+#define GST_CAT_DEFAULT latent_model_debug
+
+namespace latent::gst {
+namespace {
+
+void init_debug() {
+  static gsize once = 0;
+  if (g_once_init_enter(&once)) {
+    GST_DEBUG_CATEGORY_INIT(latent_model_debug, "latentmodel", 0, "gst-latent model loading");
+    g_once_init_leave(&once, 1);
+  }
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+void install_model_properties(GObjectClass* klass, const char* direction) {
+  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  std::string blurb = std::string("The VAE ") + direction +
+                      " with: a diffusers folder (config.json + diffusion_pytorch_model.safetensors), a "
+                      ".safetensors file or a Wan2.1_VAE.pth checkpoint";
+  g_object_class_install_property(klass, PROP_MODEL,
+                                  g_param_spec_string("model", "Model", blurb.c_str(), nullptr, flags));
+  g_object_class_install_property(
+      klass, PROP_DEVICE,
+      g_param_spec_string("device", "Device",
+                          "Where to compute: auto (the first GPU if any, else the CPU), cpu, cuda, cuda:N. A device "
+                          "that is missing is an error, never a silent fallback",
+                          "auto", flags));
+  g_object_class_install_property(
+      klass, PROP_DTYPE,
+      g_param_spec_string("dtype", "Compute dtype",
+                          "auto (float32 on the CPU, bfloat16 on a GPU), float32, float16 or bfloat16; also the "
+                          "format of the latents on the wire",
+                          "auto", flags));
+}
+
+bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value) {
+  std::string* field = id == PROP_MODEL    ? &settings.model
+                       : id == PROP_DEVICE ? &settings.device
+                       : id == PROP_DTYPE  ? &settings.dtype
+                                           : nullptr;
+  if (!field) return false;
+  const char* s = g_value_get_string(value);
+  GST_OBJECT_LOCK(object);
+  *field = s ? s : (id == PROP_MODEL ? "" : "auto");
+  GST_OBJECT_UNLOCK(object);
+  return true;
+}
+
+bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value) {
+  const std::string* field = id == PROP_MODEL    ? &settings.model
+                             : id == PROP_DEVICE ? &settings.device
+                             : id == PROP_DTYPE  ? &settings.dtype
+                                                 : nullptr;
+  if (!field) return false;
+  GST_OBJECT_LOCK(object);
+  g_value_set_string(value, field->empty() ? nullptr : field->c_str());
+  GST_OBJECT_UNLOCK(object);
+  return true;
+}
+
+std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSettings& s) {
+  init_debug();
+  if (s.model.empty()) {
+    GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("No model set."),
+                      ("Set the 'model' property to a diffusers VAE folder, a .safetensors file or a .pth file."));
+    return nullptr;
+  }
+  try {
+    LoadOptions options;
+    options.device = resolve_device(s.device);
+    options.dtype = resolve_dtype(s.dtype, options.device);
+    GST_INFO_OBJECT(element, "loading %s on %s as %s", s.model.c_str(), options.device.str().c_str(),
+                    c10::toString(options.dtype));
+    return shared_vae(s.model, options);
+  } catch (const DeviceError& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("%s", e.what()), ("device property: %s", s.device.c_str()));
+  } catch (const ModelError& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ,
+                      ("Cannot load model '%s': %s", s.model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
+  } catch (const SafetensorsError& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ, ("Cannot load model '%s': %s", s.model.c_str(), e.what()),
+                      (nullptr));
+  } catch (const c10::OutOfMemoryError& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, NO_SPACE_LEFT,
+                      ("Out of memory loading model '%s' on %s", s.model.c_str(), s.device.c_str()),
+                      ("%s", first_line(e.what()).c_str()));
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ,
+                      ("Cannot load model '%s': %s", s.model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
+  }
+  return nullptr;
+}
+
+void post_exception(GstElement* element, const char* doing, const std::exception& e) {
+  init_debug();
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
+    GST_ELEMENT_ERROR(element, RESOURCE, NO_SPACE_LEFT, ("Out of memory while %s.", doing),
+                      ("%s", first_line(e.what()).c_str()));
+  } else if (dynamic_cast<const std::invalid_argument*>(&e) || dynamic_cast<const ModelError*>(&e)) {
+    GST_ELEMENT_ERROR(element, STREAM, FORMAT, ("Cannot continue %s: %s", doing, e.what()), (nullptr));
+  } else {
+    GST_ELEMENT_ERROR(element, STREAM, FAILED, ("Failed while %s: %s", doing, first_line(e.what()).c_str()),
+                      ("%s", e.what()));
+  }
+}
+
+LatentFormat latent_format_for(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kHalf: return LatentFormat::F16;
+    case c10::kBFloat16: return LatentFormat::BF16;
+    default: return LatentFormat::F32;
+  }
+}
+
+}  // namespace latent::gst
