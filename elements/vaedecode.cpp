@@ -49,8 +49,9 @@ struct Impl {
   int64_t emitted_of_front = 0;  // frames of pending.front() already pushed
   bool discont = true;
 
-  std::atomic<guint64> frames{0}, latents{0}, chunks{0}, compute_ns{0};
-  GstClockTime reported_latency = GST_CLOCK_TIME_NONE;
+  std::atomic<guint64> frames{0}, latents{0};
+  latent::gst::ChunkStats stats;
+  latent::gst::LatencyAnnouncer latency;
 };
 
 }  // namespace
@@ -73,27 +74,16 @@ GstClockTime frame_duration(const Impl& s) {
   return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.out), GST_VIDEO_INFO_FPS_N(&s.out));
 }
 
-GstClockTime mean_compute(const Impl& s) {
-  guint64 n = s.chunks.load();
-  return n ? GstClockTime(s.compute_ns.load() / n) : 0;
-}
-
 // The decoder holds up to one chunk of latents (3 for CogVideoX) before frames come out.
 GstClockTime our_latency(const Impl& s) {
   GstClockTime frame = frame_duration(s);
-  if (!s.model || !s.in || !GST_CLOCK_TIME_IS_VALID(frame)) return mean_compute(s);
+  if (!s.model || !s.in || !GST_CLOCK_TIME_IS_VALID(frame)) return s.stats.mean();
   const latent::ChunkRule& r = s.model->spec().decode_chunks;
   const int64_t held = std::max(r.first, r.step) - 1;
-  return GstClockTime(held * s.in->temporal_factor) * frame + mean_compute(s);
+  return GstClockTime(held * s.in->temporal_factor) * frame + s.stats.mean();
 }
 
-void maybe_post_latency(GstVaeDecode* self) {
-  Impl& s = *self->impl;
-  GstClockTime now = our_latency(s), before = s.reported_latency;
-  if (GST_CLOCK_TIME_IS_VALID(before) && (now > before ? now - before : before - now) < GST_MSECOND) return;
-  s.reported_latency = now;
-  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
-}
+void maybe_post_latency(GstVaeDecode* self) { self->impl->latency.update(GST_ELEMENT(self), our_latency(*self->impl)); }
 
 // Pushes decoded frames, stamping them from the latents they came from.
 GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
@@ -198,9 +188,7 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
     gst_buffer_unmap(buf, &map);
     s.latents++;
     if (frames.defined()) {
-      s.compute_ns +=
-          guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-      s.chunks++;
+      s.stats.add(std::chrono::steady_clock::now() - t0);
       maybe_post_latency(self);
     }
     ret = push_frames(self, frames);
@@ -288,17 +276,8 @@ gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
 
 gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
   auto* self = GST_VAE_DECODE(parent);
-  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY) {
-    if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
-    gboolean live;
-    GstClockTime min, max;
-    gst_query_parse_latency(query, &live, &min, &max);
-    GstClockTime ours = our_latency(*self->impl);
-    min += ours;
-    if (GST_CLOCK_TIME_IS_VALID(max)) max += ours;
-    gst_query_set_latency(query, live, min, max);
-    return TRUE;
-  }
+  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
+    return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(*self->impl));
   return gst_pad_query_default(pad, parent, query);
 }
 
@@ -306,22 +285,19 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   auto* self = GST_VAE_DECODE(element);
   Impl& s = *self->impl;
   switch (transition) {
-    case GST_STATE_CHANGE_NULL_TO_READY: {
-      GST_OBJECT_LOCK(self);
-      auto settings = s.settings;
-      GST_OBJECT_UNLOCK(self);
-      s.model = latent::gst::acquire_model(element, settings);
+    case GST_STATE_CHANGE_NULL_TO_READY:
+      s.model = latent::gst::acquire_model_locked(element, s.settings);
       if (!s.model) return GST_STATE_CHANGE_FAILURE;
       break;
-    }
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::DecoderOptions opt{int64_t(s.chunk_latents)};
       GST_OBJECT_UNLOCK(self);
       s.decoder = std::make_unique<latent::StreamingDecoder>(s.model, opt);
       s.in.reset();
-      s.frames = s.latents = s.chunks = s.compute_ns = 0;
-      s.reported_latency = GST_CLOCK_TIME_NONE;
+      s.frames = s.latents = 0;
+      s.stats.reset();
+      s.latency = {};
       reset_clip(s);
       break;
     }
@@ -365,7 +341,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
       break;
     case PROP_FRAMES_PROCESSED: g_value_set_uint64(value, s.frames.load()); break;
     case PROP_LATENTS_PROCESSED: g_value_set_uint64(value, s.latents.load()); break;
-    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, mean_compute(s)); break;
+    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
 }

@@ -55,8 +55,9 @@ struct Impl {
   uint64_t next_source = 0;  // stream index of the next frame
   bool discont = true;
 
-  std::atomic<guint64> frames{0}, latents{0}, chunks{0}, compute_ns{0};
-  GstClockTime reported_latency = GST_CLOCK_TIME_NONE;
+  std::atomic<guint64> frames{0}, latents{0};
+  latent::gst::ChunkStats stats;
+  latent::gst::LatencyAnnouncer latency;
 };
 
 }  // namespace
@@ -80,11 +81,6 @@ std::string sink_caps_string() {
          ", width=(int)[ 8, 16384, 8 ], height=(int)[ 8, 16384, 8 ], framerate=(fraction)[ 0/1, 2147483647/1 ]";
 }
 
-GstClockTime mean_compute(const Impl& s) {
-  guint64 n = s.chunks.load();
-  return n ? GstClockTime(s.compute_ns.load() / n) : 0;
-}
-
 GstClockTime frame_duration(const Impl& s) {
   if (!s.have_video || GST_VIDEO_INFO_FPS_N(&s.video) <= 0) return GST_CLOCK_TIME_NONE;
   return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.video), GST_VIDEO_INFO_FPS_N(&s.video));
@@ -93,19 +89,11 @@ GstClockTime frame_duration(const Impl& s) {
 // Frames held back before a latent can be emitted, plus the time to compute one chunk.
 GstClockTime our_latency(const Impl& s) {
   GstClockTime frame = frame_duration(s);
-  if (!s.encoder || !GST_CLOCK_TIME_IS_VALID(frame)) return mean_compute(s);
-  return GstClockTime(s.encoder->max_delay_frames()) * frame + mean_compute(s);
+  if (!s.encoder || !GST_CLOCK_TIME_IS_VALID(frame)) return s.stats.mean();
+  return GstClockTime(s.encoder->max_delay_frames()) * frame + s.stats.mean();
 }
 
-void maybe_post_latency(GstVaeEncode* self) {
-  Impl& s = *self->impl;
-  GstClockTime now = our_latency(s);
-  GstClockTime before = s.reported_latency;
-  // Re-announce when the estimate moves by more than a millisecond, not on every chunk.
-  if (GST_CLOCK_TIME_IS_VALID(before) && (now > before ? now - before : before - now) < GST_MSECOND) return;
-  s.reported_latency = now;
-  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
-}
+void maybe_post_latency(GstVaeEncode* self) { self->impl->latency.update(GST_ELEMENT(self), our_latency(*self->impl)); }
 
 GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out) {
   Impl& s = *self->impl;
@@ -210,9 +198,7 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
     auto t0 = std::chrono::steady_clock::now();
     latent::EncodedLatents out = s.encoder->push(x);
     if (out.size() > 0) {
-      s.compute_ns +=
-          guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-      s.chunks++;
+      s.stats.add(std::chrono::steady_clock::now() - t0);
       maybe_post_latency(self);
     }
     ret = push_latents(self, out);
@@ -294,17 +280,8 @@ gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
 
 gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
   auto* self = GST_VAE_ENCODE(parent);
-  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY) {
-    if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
-    gboolean live;
-    GstClockTime min, max;
-    gst_query_parse_latency(query, &live, &min, &max);
-    GstClockTime ours = our_latency(*self->impl);
-    min += ours;
-    if (GST_CLOCK_TIME_IS_VALID(max)) max += ours;
-    gst_query_set_latency(query, live, min, max);
-    return TRUE;
-  }
+  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
+    return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(*self->impl));
   return gst_pad_query_default(pad, parent, query);
 }
 
@@ -312,14 +289,10 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   auto* self = GST_VAE_ENCODE(element);
   Impl& s = *self->impl;
   switch (transition) {
-    case GST_STATE_CHANGE_NULL_TO_READY: {
-      GST_OBJECT_LOCK(self);
-      auto settings = s.settings;
-      GST_OBJECT_UNLOCK(self);
-      s.model = latent::gst::acquire_model(element, settings);
+    case GST_STATE_CHANGE_NULL_TO_READY:
+      s.model = latent::gst::acquire_model_locked(element, s.settings);
       if (!s.model) return GST_STATE_CHANGE_FAILURE;
       break;
-    }
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
@@ -327,8 +300,9 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.encoder = std::make_unique<latent::StreamingEncoder>(s.model, opt);
       s.have_video = false;
       s.next_source = s.clip_base = 0;
-      s.frames = s.latents = s.chunks = s.compute_ns = 0;
-      s.reported_latency = GST_CLOCK_TIME_NONE;
+      s.frames = s.latents = 0;
+      s.stats.reset();
+      s.latency = {};
       reset_clip(s);
       break;
     }
@@ -372,7 +346,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_CHUNK_FRAMES: g_value_set_uint(value, s.chunk_frames); break;
     case PROP_FRAMES_PROCESSED: g_value_set_uint64(value, s.frames.load()); break;
     case PROP_LATENTS_PRODUCED: g_value_set_uint64(value, s.latents.load()); break;
-    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, mean_compute(s)); break;
+    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);

@@ -115,6 +115,30 @@ void post_exception(GstElement* element, const char* doing, const std::exception
   }
 }
 
+std::shared_ptr<const Vae> acquire_model_locked(GstElement* element, const ModelSettings& settings) {
+  GST_OBJECT_LOCK(element);
+  ModelSettings copy = settings;
+  GST_OBJECT_UNLOCK(element);
+  return acquire_model(element, copy);
+}
+
+void LatencyAnnouncer::update(GstElement* element, GstClockTime now) {
+  if (GST_CLOCK_TIME_IS_VALID(last) && (now > last ? now - last : last - now) < GST_MSECOND) return;
+  last = now;
+  gst_element_post_message(element, gst_message_new_latency(GST_OBJECT(element)));
+}
+
+gboolean answer_latency_query(GstPad* sinkpad, GstQuery* query, GstClockTime ours) {
+  if (!gst_pad_peer_query(sinkpad, query)) return FALSE;
+  gboolean live;
+  GstClockTime min, max;
+  gst_query_parse_latency(query, &live, &min, &max);
+  min += ours;
+  if (GST_CLOCK_TIME_IS_VALID(max)) max += ours;
+  gst_query_set_latency(query, live, min, max);
+  return TRUE;
+}
+
 LatentFormat latent_format_for(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kHalf: return LatentFormat::F16;

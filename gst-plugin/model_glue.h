@@ -4,6 +4,8 @@
 
 #include <gst/gst.h>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <memory>
 #include <string>
@@ -35,5 +37,32 @@ std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSetting
 void post_exception(GstElement* element, const char* doing, const std::exception& e);
 
 LatentFormat latent_format_for(c10::ScalarType dtype);
+
+// Loads the model for the settings as they stand (read under the object lock) at NULL->READY.
+std::shared_ptr<const Vae> acquire_model_locked(GstElement* element, const ModelSettings& settings);
+
+// Compute time of model calls; the stats properties read it from any thread.
+struct ChunkStats {
+  std::atomic<guint64> chunks{0}, compute_ns{0};
+  void reset() { chunks = compute_ns = 0; }
+  void add(std::chrono::steady_clock::duration d) {
+    compute_ns += guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+    chunks++;
+  }
+  GstClockTime mean() const {
+    guint64 n = chunks.load();
+    return n ? GstClockTime(compute_ns.load() / n) : 0;
+  }
+};
+
+// Posts a LATENCY message when the element's own latency moves by more than a millisecond, so live sinks
+// re-query without a message per chunk.
+struct LatencyAnnouncer {
+  GstClockTime last = GST_CLOCK_TIME_NONE;
+  void update(GstElement* element, GstClockTime now);
+};
+
+// The LATENCY query of a filter: upstream's answer plus `ours`.
+gboolean answer_latency_query(GstPad* sinkpad, GstQuery* query, GstClockTime ours);
 
 }  // namespace latent::gst
