@@ -1,0 +1,1 @@
+"""gst-latent benchmarks against diffusers (driven by tools/bench)."""

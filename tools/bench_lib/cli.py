@@ -1,0 +1,553 @@
+"""tools/bench: gst-latent's streaming engine side by side with diffusers.
+
+Every measurement is a fresh process (latent-bench for gst-latent, ref_runner.py for diffusers), so memory peaks
+never mix and neither side inherits the other's caches. The two implementations alternate, and the order is
+swapped on every repetition (ours first, then diffusers first, ...), so slow drifts in machine load hit both.
+Both get the same seeded input, the same dtype, device and thread count; the mean |output| of the two is
+compared as a cross-check that they computed the same thing.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from . import models, report
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REF_RUNNER = os.path.join(TOP, "tools", "bench_lib", "ref_runner.py")
+
+# What each mode measures. Sizes are (frames, height, width).
+MODES = {
+    "quick": {
+        "about": "smoke test: Wan 2.1 only, 17 frames at 64x64, one repetition, a short memory sweep",
+        "device": "cpu",
+        "dtype": "float32",
+        "families": ["wan2.1"],
+        "directions": ["encode", "decode"],
+        "sizes": [(17, 64, 64)],
+        "repeat": 1,
+        "sweep": {"runs": [("wan2.1", "encode")], "frames": [17, 65], "size": (64, 64)},
+        "timeout": 120,
+    },
+    "cpu": {
+        "about": "both families, encode and decode, 17 and 33 frames at 128x128 (one measurement per side "
+                 "unless --repeat)",
+        "device": "cpu",
+        "dtype": "float32",
+        "families": ["wan2.1", "cogvideox"],
+        "directions": ["encode", "decode"],
+        "sizes": [(17, 128, 128), (33, 128, 128)],
+        "repeat": 1,
+        "sweep": None,
+        "timeout": 600,
+    },
+    "memory": {
+        "about": "memory against clip length: 17, 65, 257, 1025 frames at 64x64; encode with both families, "
+                 "decode with Wan 2.1",
+        "device": "cpu",
+        "dtype": "float32",
+        "families": [],
+        "directions": [],
+        "sizes": [],
+        "repeat": 1,
+        "sweep": {"runs": [("wan2.1", "encode"), ("cogvideox", "encode"), ("wan2.1", "decode")],
+                  "frames": [17, 65, 257, 1025], "size": (64, 64)},
+        "timeout": 600,
+    },
+    "gpu": {
+        "about": "CUDA, bf16: CogVideoX 49x480x720 and Wan 2.1 81x480x832, encode and decode, three repetitions; "
+                 "memory sweep of Wan 2.1 at 480x832",
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "cases": [("cogvideox", 49, 480, 720), ("wan2.1", 81, 480, 832)],
+        "directions": ["encode", "decode"],
+        "repeat": 3,
+        "sweep": {"runs": [("wan2.1", "encode"), ("wan2.1", "decode")], "frames": [17, 65, 257, 1025],
+                  "size": (480, 832)},
+        "timeout": 600,
+    },
+}
+
+
+def log(msg):
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- running one side -----------------------------------------------------------------------------------------
+
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "memoryerror", "can't allocate memory",
+               "cannot allocate memory", "std::bad_alloc", "not enough memory")
+
+
+def classify_failure(rc, stderr):
+    low = stderr.lower()
+    if any(m in low for m in OOM_MARKERS):
+        return "oom"
+    if rc is not None and rc < 0 and -rc == signal.SIGKILL:
+        return "oom"  # the kernel's OOM killer (or a manual kill -9)
+    return "failed"
+
+
+def cpu_busy_fraction(seconds=1.0):
+    """Fraction of the machine's CPU time that was not idle over the next `seconds` (others' work: call it while
+    no measurement runs)."""
+    def sample():
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+        return idle, sum(vals)
+    try:
+        i0, t0 = sample()
+        time.sleep(seconds)
+        i1, t1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_for_quiet(threshold, max_wait):
+    """Waits (at most max_wait seconds) until other processes use less than `threshold` of the CPUs. Returns
+    (busy fraction last seen, seconds waited)."""
+    t0 = time.time()
+    busy = cpu_busy_fraction()
+    announced = False
+    while busy is not None and busy > threshold and time.time() - t0 < max_wait:
+        if not announced:
+            log(f"  waiting for the machine to quieten (others use {100 * busy:.0f}% of the CPUs; "
+                f"up to {max_wait} s, --wait-idle 0 disables)")
+            announced = True
+        time.sleep(4)
+        busy = cpu_busy_fraction()
+    return busy, time.time() - t0
+
+
+def run_side(impl, cmd, timeout, env):
+    """Runs one measurement process; returns its JSON, or a dict with "status" != "ok" saying why not."""
+    t0 = time.time()
+    load0 = os.getloadavg()[0]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        return {"impl": impl, "status": "timeout", "timeout_seconds": timeout, "process_seconds": time.time() - t0,
+                "stderr_tail": (e.stderr or b"")[-800:].decode(errors="replace") if isinstance(e.stderr, bytes)
+                else (e.stderr or "")[-800:], "cmd": cmd}
+    elapsed = time.time() - t0
+    res = None
+    for line in reversed(p.stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                res = json.loads(line)
+                break
+            except ValueError:
+                pass
+    if p.returncode != 0 or res is None:
+        status = classify_failure(p.returncode, p.stderr)
+        out = {"impl": impl, "status": status, "returncode": p.returncode, "process_seconds": elapsed,
+               "stderr_tail": p.stderr[-1500:], "cmd": cmd}
+        if res is not None:
+            out["partial"] = res
+        return out
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res["status"] = "ok"
+    res["process_seconds"] = elapsed
+    # CPU time the process got: well below wall x threads means it shared the cores with something else.
+    res["process_cpu_seconds"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    res["loadavg_1min_before"] = load0
+    res["loadavg_1min_after"] = os.getloadavg()[0]
+    res["cmd"] = cmd
+    return res
+
+
+class Runner:
+    def __init__(self, args, mode):
+        self.args = args
+        self.mode = mode
+        self.device = mode["device"]
+        self.dtype = args.dtype or mode["dtype"]
+        self.threads = args.threads or os.cpu_count() or 1
+        self.timeout = args.timeout or mode["timeout"]
+        self.env = dict(os.environ)
+        # The same OpenMP pool size from the start in both processes (each also calls set_num_threads).
+        self.env["OMP_NUM_THREADS"] = str(self.threads)
+        self.env.setdefault("PYTHONWARNINGS", "ignore")
+
+    def common(self, model, direction, frames, height, width, seed):
+        return ["--model", model, "--frames", str(frames), "--height", str(height), "--width", str(width),
+                "--direction", direction, "--device", self.device, "--dtype", self.dtype,
+                "--threads", str(self.threads), "--repeat", "1", "--seed", str(seed)]
+
+    def ours(self, model, direction, frames, height, width, seed=0, timeout=None, profile=None):
+        cmd = [self.args.latent_bench] + self.common(model, direction, frames, height, width, seed) + ["--json"]
+        if profile:
+            cmd += ["--profile", profile]
+        return self.measure("gst-latent", cmd, timeout)
+
+    def theirs(self, model, direction, frames, height, width, seed=0, timeout=None, profile=None):
+        cmd = [sys.executable, REF_RUNNER] + self.common(model, direction, frames, height, width, seed)
+        if profile:
+            cmd += ["--profile", profile]
+        return self.measure("diffusers", cmd, timeout)
+
+    def measure(self, impl, cmd, timeout):
+        rejected = []
+        for attempt in range(1 + max(0, self.args.retries)):
+            r = self.measure_once(impl, cmd, timeout)
+            share = r.get("cpu_share")
+            if share is None or share >= self.args.min_cpu_share:
+                break
+            rejected.append({k: r.get(k) for k in ("fps_median", "wall_seconds_median", "cpu_share",
+                                                   "others_cpu_busy_before")})
+            if attempt < self.args.retries:
+                log(f"  {impl}: got only {100 * share:.0f}% of the cores (another process ran); measuring again")
+            else:
+                r["contended"] = True
+        if rejected:
+            r["contended_attempts"] = rejected if not r.get("contended") else rejected[:-1]
+        return r
+
+    def measure_once(self, impl, cmd, timeout):
+        busy, waited = (None, 0.0)
+        if self.device == "cpu":
+            busy, waited = wait_for_quiet(self.args.wait_idle, self.args.wait_max) if self.args.wait_idle > 0 \
+                else (cpu_busy_fraction(0.5), 0.0)
+        r = run_side(impl, cmd, timeout or self.timeout, self.env)
+        r["others_cpu_busy_before"] = busy
+        r["waited_for_quiet_seconds"] = waited
+        if r.get("status") == "ok" and self.device == "cpu" and r.get("cpu_seconds"):
+            # CPU time of the measured span over wall x threads: well below 1 means the cores were shared.
+            r["cpu_share"] = statistics.median(
+                c / (w * self.threads) for c, w in zip(r["cpu_seconds"], r["wall_seconds"]))
+        return r
+
+
+def describe(r):
+    if r.get("status") != "ok":
+        return f"{r.get('status')}" + (f" (rc {r.get('returncode')})" if "returncode" in r else "")
+    mem = r.get("gpu_memory", {}).get("allocated_peak_above_baseline_bytes", r["rss_peak_above_baseline_bytes"])
+    busy = r.get("others_cpu_busy_before")
+    share = r.get("cpu_share")
+    return (f"{r['fps_median']:.3f} frames/s, {r['wall_seconds_median']:.2f} s, +{mem / 2**20:.0f} MiB"
+            + (f", others used {100 * busy:.0f}% of the CPUs before" if busy is not None else "")
+            + (f", got {100 * share:.0f}% of {r['threads']} cores" if share is not None else ""))
+
+
+# ---- plans ----------------------------------------------------------------------------------------------------
+
+def throughput_cases(mode, args):
+    directions = args.directions or mode.get("directions", [])
+    if "cases" in mode:  # per-family sizes (the GPU mode)
+        out = []
+        for fam, t, h, w in mode["cases"]:
+            if args.families and fam not in args.families:
+                continue
+            hh, ww = args.size or (h, w)
+            out += [(fam, d, tt, hh, ww) for d in directions for tt in (args.frames or [t])]
+        return out
+    families = args.families or mode.get("families", [])
+    sizes = mode.get("sizes", [])
+    if args.frames or args.size:
+        h, w = args.size or (sizes[0][1:] if sizes else (64, 64))
+        sizes = [(t, h, w) for t in (args.frames or sorted({s[0] for s in sizes}) or [17])]
+    return [(fam, d, t, h, w) for fam in families for d in directions for t, h, w in sizes]
+
+
+def sweep_plan(mode, args):
+    sw = mode.get("sweep")
+    if args.no_sweep or not sw:
+        return None
+    sw = dict(sw)
+    if args.sweep_frames:
+        sw["frames"] = args.sweep_frames
+    if args.sweep_families:
+        sw["runs"] = [(f, d) for f, d in sw["runs"] if f in args.sweep_families] or \
+            [(f, d) for f in args.sweep_families for d in sorted({d for _, d in sw["runs"]})]
+    if args.directions:
+        sw["runs"] = [(f, d) for f, d in sw["runs"] if d in args.directions]
+    return sw
+
+
+def summarise_pair(ours, theirs):
+    def ok(rs):
+        return [r for r in rs if r.get("status") == "ok"]
+
+    def med(rs, key):
+        vals = [r[key] for r in ok(rs) if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    def mem(r):
+        g = r.get("gpu_memory")
+        return g["allocated_peak_above_baseline_bytes"] if g else r["rss_peak_above_baseline_bytes"]
+
+    def med_mem(rs):
+        vals = [mem(r) for r in ok(rs)]
+        return statistics.median(vals) if vals else None
+
+    s = {
+        "ours_fps": med(ours, "fps_median"),
+        "theirs_fps": med(theirs, "fps_median"),
+        "ours_wall": med(ours, "wall_seconds_median"),
+        "theirs_wall": med(theirs, "wall_seconds_median"),
+        "ours_first_output": med(ours, "first_output_seconds"),
+        "ours_chunk_latency": med(ours, "chunk_latency_mean_seconds"),
+        "ours_chunks": med(ours, "chunks"),
+        "ours_mem": med_mem(ours),
+        "theirs_mem": med_mem(theirs),
+        "ours_rss_peak": med(ours, "rss_peak_bytes"),
+        "theirs_rss_peak": med(theirs, "rss_peak_bytes"),
+        "ours_state": med(ours, "state_bytes"),
+        "theirs_input": med(theirs, "input_bytes"),
+        "ours_cpu_share": med(ours, "cpu_share"),
+        "theirs_cpu_share": med(theirs, "cpu_share"),
+        "contended_kept": sum(1 for r in ok(ours) + ok(theirs) if r.get("contended")),
+        "remeasured": sum(len(r.get("contended_attempts") or []) for r in ours + theirs),
+        "ours_runs_ok": len(ok(ours)),
+        "theirs_runs_ok": len(ok(theirs)),
+        "ours_status": sorted({r.get("status") for r in ours}),
+        "theirs_status": sorted({r.get("status") for r in theirs}),
+    }
+    s["fps_ratio"] = s["ours_fps"] / s["theirs_fps"] if s["ours_fps"] and s["theirs_fps"] else None
+    s["mem_ratio"] = s["ours_mem"] / s["theirs_mem"] if s["ours_mem"] and s["theirs_mem"] else None
+    a = [r["output_mean_abs"] for r in ok(ours)]
+    b = [r["output_mean_abs"] for r in ok(theirs)]
+    if a and b and b[0]:
+        s["output_rel_diff"] = abs(a[0] - b[0]) / abs(b[0])
+    s["gpu"] = any("gpu_memory" in r for r in ok(ours) + ok(theirs))
+    return s
+
+
+# ---- main -----------------------------------------------------------------------------------------------------
+
+def machine_info(device):
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    import torch
+    import diffusers
+    info["torch"] = torch.__version__
+    info["diffusers"] = diffusers.__version__
+    info["cuda_available"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    info["loadavg_start"] = os.getloadavg()
+    return info
+
+
+def build_latent_bench(args):
+    if args.latent_bench:
+        return args.latent_bench
+    build = os.path.join(TOP, args.build_dir)
+    binary = os.path.join(build, "tools", "latent-bench")
+    if not args.no_build and os.path.exists(os.path.join(build, "build.ninja")):
+        log(f"ninja -C {args.build_dir} tools/latent-bench")
+        r = subprocess.run(["ninja", "-C", build, "tools/latent-bench"], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"[bench] building latent-bench failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
+    if not os.path.exists(binary):
+        sys.exit(f"[bench] {binary} not found: configure and build first (meson setup {args.build_dir}; "
+                 f"ninja -C {args.build_dir} tools/latent-bench), or pass --latent-bench PATH")
+    return binary
+
+
+def parse_size(text):
+    try:
+        h, w = text.lower().split("x")
+        return int(h), int(w)
+    except ValueError:
+        raise argparse.ArgumentTypeError("size is HEIGHTxWIDTH, e.g. 128x128")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="tools/bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="modes:\n" + "\n".join(f"  {k:7s} {v['about']}" for k, v in MODES.items()))
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_const", dest="mode", const="quick", help="under 2 minutes on 2 cores")
+    g.add_argument("--memory", action="store_const", dest="mode", const="memory",
+                   help="only the memory-against-clip-length sweep (long on a small CPU)")
+    g.add_argument("--gpu", action="store_const", dest="mode", const="gpu", help="CUDA, bf16, full-size clips")
+    p.set_defaults(mode="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: all cores)")
+    p.add_argument("--repeat", type=int, default=0, help="measurements per side and case (default: the mode's)")
+    p.add_argument("--timeout", type=int, default=0, help="seconds before one measurement is given up")
+    p.add_argument("--dtype", default="", help="compute dtype on both sides (default: the mode's)")
+    p.add_argument("--families", nargs="+", choices=sorted(models.FAMILIES), help="restrict the families")
+    p.add_argument("--directions", nargs="+", choices=("encode", "decode"), help="restrict the directions")
+    p.add_argument("--frames", nargs="+", type=int, help="clip lengths of the throughput cases")
+    p.add_argument("--size", type=parse_size, help="HEIGHTxWIDTH of the throughput cases")
+    p.add_argument("--sweep-frames", nargs="+", type=int, help="clip lengths of the memory sweep")
+    p.add_argument("--sweep-families", nargs="+", choices=sorted(models.FAMILIES))
+    p.add_argument("--no-sweep", action="store_true", help="skip the memory sweep")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed runs, one profiled run per side and case (LibTorch profiler)")
+    p.add_argument("--cache", default=os.path.join(TOP, "build", "bench-models"),
+                   help="where the random full-width models are kept (default: build/bench-models)")
+    p.add_argument("--out", default=os.path.join(TOP, "docs", "perf"), help="results, tables and plots")
+    p.add_argument("--build-dir", default="build")
+    p.add_argument("--latent-bench", default="", help="the latent-bench binary (default: build it in --build-dir)")
+    p.add_argument("--no-build", action="store_true", help="do not run ninja for latent-bench")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--render", metavar="RESULTS.json",
+                   help="measure nothing: write the table and plots of an earlier results file again")
+    p.add_argument("--wait-idle", type=float, default=0.25, metavar="FRACTION",
+                   help="CPU mode: before each measurement wait until other processes use less than this fraction "
+                        "of the CPUs (default 0.25; 0 disables)")
+    p.add_argument("--wait-max", type=int, default=0, metavar="SECONDS",
+                   help="longest wait for a quiet machine before measuring anyway (default: 20 with --quick, "
+                        "else 300)")
+    p.add_argument("--min-cpu-share", type=float, default=0.85, metavar="FRACTION",
+                   help="CPU mode: a measurement whose process got less than this share of its threads' CPU time "
+                        "(another process took cores) is measured again (default 0.85)")
+    p.add_argument("--retries", type=int, default=-1,
+                   help="re-measurements of a contended run (default: 1 with --quick, else 2); the last is kept "
+                        "and marked contended")
+    args = p.parse_args(argv)
+    # A terminated run stops its measurement process too (subprocess.run kills the child on an exception).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    mode_name = args.mode
+    mode = MODES[mode_name]
+    if args.wait_max <= 0:
+        args.wait_max = 20 if mode_name == "quick" else 300
+    if args.retries < 0:
+        args.retries = 1 if mode_name == "quick" else 2
+
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+        finish(results, args, results["mode"])
+        return 0
+    if mode["device"] == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            log("--gpu needs a CUDA device and torch sees none; nothing was measured")
+            return 3
+    args.latent_bench = build_latent_bench(args)
+    runner = Runner(args, mode)
+    repeat = args.repeat or mode["repeat"]
+    cases = throughput_cases(mode, args)
+    sweep = sweep_plan(mode, args)
+    needed = sorted({c[0] for c in cases} | {f for f, _ in (sweep["runs"] if sweep else [])})
+    model_dirs = {fam: models.ensure_model(args.cache, fam) for fam in needed}
+
+    started = time.time()
+    results = {
+        "mode": mode_name,
+        "about": mode["about"],
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(mode["device"]),
+        "settings": {"device": runner.device, "dtype": runner.dtype, "threads": runner.threads, "repeat": repeat,
+                     "timeout_seconds": runner.timeout, "wait_idle": args.wait_idle, "wait_max": args.wait_max,
+                     "min_cpu_share": args.min_cpu_share, "retries": args.retries},
+        "models": {fam: models.model_info(d) for fam, d in model_dirs.items()},
+        "throughput": [],
+        "memory_sweep": [],
+    }
+    os.makedirs(args.out, exist_ok=True)
+    prof_dir = os.path.join(args.out, f"{mode_name}-profiles")
+
+    log(f"mode {mode_name}: {mode['about']}; {runner.threads} threads, {runner.dtype} on {runner.device}, "
+        f"{repeat} repetition(s), timeout {runner.timeout} s")
+    for ci, (fam, direction, t, h, w) in enumerate(cases):
+        model = model_dirs[fam]
+        ours, theirs = [], []
+        log(f"{fam} {direction} {t}x{h}x{w}")
+        for i in range(repeat):
+            order = ("ours", "theirs") if (ci + i) % 2 == 0 else ("theirs", "ours")
+            for side in order:
+                if side == "ours":
+                    r = runner.ours(model, direction, t, h, w)
+                    ours.append(r)
+                else:
+                    r = runner.theirs(model, direction, t, h, w)
+                    theirs.append(r)
+                log(f"  {i + 1}/{repeat} {r['impl']:10s} {describe(r)}")
+        entry = {"family": fam, "direction": direction, "frames": t, "height": h, "width": w,
+                 "ours": ours, "diffusers": theirs, "summary": summarise_pair(ours, theirs)}
+        if args.profile:
+            os.makedirs(prof_dir, exist_ok=True)
+            stem = os.path.join(prof_dir, f"{fam}-{direction}-{t}x{h}x{w}")
+            po = runner.ours(model, direction, t, h, w, profile=stem + "-ours.trace.json")
+            pt = runner.theirs(model, direction, t, h, w, profile=stem + "-diffusers.txt")
+            entry["profile"] = {"ours": po.get("profile"), "diffusers": pt.get("profile")}
+            if po.get("status") == "ok":
+                table = report.trace_self_times(po["profile"])
+                with open(stem + "-ours.txt", "w") as f:
+                    f.write(report.self_time_table(table))
+                entry["profile"]["ours_table"] = stem + "-ours.txt"
+                os.remove(po["profile"])  # the raw trace is large; the table is what is kept
+                entry["profile"]["ours"] = None
+        results["throughput"].append(entry)
+        save(results, args.out, mode_name)
+
+    if sweep:
+        h, w = sweep["size"]
+        for fam, direction in sweep["runs"]:
+            model = model_dirs[fam]
+            gave_up = {"gst-latent": None, "diffusers": None}
+            for n, t in enumerate(sweep["frames"]):
+                log(f"memory sweep: {fam} {direction} {t}x{h}x{w}")
+                row = {"family": fam, "direction": direction, "frames": t, "height": h, "width": w}
+                order = ("ours", "theirs") if n % 2 == 0 else ("theirs", "ours")
+                for side in order:
+                    impl = "gst-latent" if side == "ours" else "diffusers"
+                    if gave_up[impl]:
+                        r = {"impl": impl, "status": "skipped",
+                             "reason": f"{gave_up[impl]} at a shorter clip"}
+                    elif side == "ours":
+                        r = runner.ours(model, direction, t, h, w)
+                    else:
+                        r = runner.theirs(model, direction, t, h, w)
+                    if r.get("status") in ("timeout", "oom"):
+                        gave_up[impl] = r["status"]
+                    row["ours" if side == "ours" else "diffusers"] = r
+                    log(f"  {impl:10s} {describe(r)}")
+                results["memory_sweep"].append(row)
+                save(results, args.out, mode_name)
+
+    results["elapsed_seconds"] = time.time() - started
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    save(results, args.out, mode_name)
+    finish(results, args, mode_name)
+    return 0
+
+
+def finish(results, args, mode_name):
+    """Writes the markdown table (and prints it) and the plots."""
+    os.makedirs(args.out, exist_ok=True)
+    md = report.markdown(results)
+    plots = [] if args.no_plots else report.plots(results, args.out, mode_name)
+    if plots:
+        md += "\n" + "\n".join(f"![{os.path.basename(pth)}]({os.path.basename(pth)})" for pth in plots) + "\n"
+    with open(os.path.join(args.out, f"{mode_name}-results.md"), "w") as f:
+        f.write(md)
+    print(md)
+    log(f"done in {results.get('elapsed_seconds', 0) / 60:.1f} min; results in {args.out}/{mode_name}-results.json, "
+        f"{mode_name}-results.md" + (", plots " + ", ".join(os.path.basename(x) for x in plots) if plots else ""))
+
+
+def save(results, out, mode_name):
+    path = os.path.join(out, f"{mode_name}-results.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

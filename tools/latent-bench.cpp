@@ -1,0 +1,538 @@
+// latent-bench: times the streaming engine on seeded random input and reports throughput, per-chunk latency and
+// memory. tools/bench runs it side by side with diffusers; it is also useful alone:
+//
+//   latent-bench --model build/bench-models/wan2.1 --frames 17 --height 128 --width 128
+//                --direction encode --threads 2 --repeat 3 --json
+//
+// Input. encode: frames ~ U[-1, 1], drawn from a CPU generator seeded with --seed, one push at a time in frame
+// order (torch.rand over [T, 3, H, W] in Python gives the same values, so tools/bench feeds diffusers the same
+// clip). decode: raw VAE-space latents ~ N(0, 1) of shape [T', C, H/8, W/8] with T' = 1 + (T - 1) / 4, mapped
+// to diffusion space before they are pushed (the engine maps them back), so both sides decode the same z.
+//
+// Memory. The weights of a CPU model are a private mapping of the safetensors file whose pages are faulted in on
+// first use; they are touched right after loading so that the baseline holds the whole model, as diffusers'
+// does. Then VmRSS is read (the baseline) and the peak (VmHWM) is reset through /proc/self/clear_refs, so the
+// reported peak is what the measured runs add, their input included. On CUDA the caching allocator's peak is
+// reset the same way.
+#include <c10/core/InferenceMode.h>
+#include <torch/torch.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+
+#ifdef LATENT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "latent/json.h"
+#include "latent/registry.h"
+#include "latent/runtime.h"
+#include "latent/streaming.h"
+#include "latent/vae.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using latent::json::Value;
+
+struct Args {
+  std::string model;
+  int64_t frames = 17;
+  int64_t height = 64;
+  int64_t width = 64;
+  std::string direction = "encode";
+  std::string device = "cpu";
+  std::string dtype = "auto";
+  int threads = 0;  // 0: LibTorch's default
+  int repeat = 1;
+  int warmup = 0;
+  int64_t push = 1;   // frames (encode) or latents (decode) per push
+  int64_t chunk = 0;  // max frames / latents per model call; 0: the engine's default
+  uint64_t seed = 0;
+  bool json = false;
+  bool prefault = true;
+  std::string profile;  // chrome trace of the last repetition
+};
+
+[[noreturn]] void usage(int status) {
+  std::fprintf(status ? stderr : stdout,
+               "usage: latent-bench --model DIR|FILE [--frames N] [--height H] [--width W]\n"
+               "                    [--direction encode|decode] [--device cpu|cuda|cuda:N] [--dtype auto|float32|...]\n"
+               "                    [--threads T] [--repeat R] [--warmup W] [--push P] [--chunk C] [--seed S]\n"
+               "                    [--no-prefault] [--profile TRACE.json] [--json]\n"
+               "  --frames     clip length in frames (decode: the frames the latents stand for, 1 + 4k)\n"
+               "  --push       frames (encode) or latents (decode) handed to each push(), as a live source would\n"
+               "  --chunk      most frames (encode) / latents (decode) per model call where the family batches\n"
+               "  --warmup     untimed runs of the same clip before the baseline is taken\n"
+               "  --profile    write a LibTorch profiler trace (chrome format) of the last repetition\n");
+  std::exit(status);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "latent-bench: %s needs a value\n", k.c_str());
+        usage(2);
+      }
+      return argv[++i];
+    };
+    auto integer = [&]() -> int64_t {
+      const std::string v = next();
+      try {
+        size_t used = 0;
+        const long long n = std::stoll(v, &used);
+        if (used == v.size()) return n;
+      } catch (const std::exception&) {
+      }
+      std::fprintf(stderr, "latent-bench: %s wants an integer, got '%s'\n", k.c_str(), v.c_str());
+      usage(2);
+    };
+    if (k == "--help" || k == "-h") usage(0);
+    else if (k == "--model") a.model = next();
+    else if (k == "--frames") a.frames = integer();
+    else if (k == "--height") a.height = integer();
+    else if (k == "--width") a.width = integer();
+    else if (k == "--direction") a.direction = next();
+    else if (k == "--device") a.device = next();
+    else if (k == "--dtype") a.dtype = next();
+    else if (k == "--threads") a.threads = int(integer());
+    else if (k == "--repeat") a.repeat = int(integer());
+    else if (k == "--warmup") a.warmup = int(integer());
+    else if (k == "--push") a.push = integer();
+    else if (k == "--chunk") a.chunk = integer();
+    else if (k == "--seed") a.seed = uint64_t(integer());
+    else if (k == "--json") a.json = true;
+    else if (k == "--no-prefault") a.prefault = false;
+    else if (k == "--profile") a.profile = next();
+    else {
+      std::fprintf(stderr, "latent-bench: unknown argument '%s'\n", k.c_str());
+      usage(2);
+    }
+  }
+  if (a.model.empty()) {
+    std::fprintf(stderr, "latent-bench: --model is required\n");
+    usage(2);
+  }
+  if (a.direction != "encode" && a.direction != "decode") {
+    std::fprintf(stderr, "latent-bench: --direction is encode or decode\n");
+    usage(2);
+  }
+  if (a.frames < 1 || a.height < 1 || a.width < 1 || a.repeat < 1 || a.warmup < 0 || a.push < 1 || a.chunk < 0 ||
+      a.threads < 0) {
+    std::fprintf(stderr, "latent-bench: sizes, --repeat and --push must be positive\n");
+    usage(2);
+  }
+  return a;
+}
+
+// ---- process memory ------------------------------------------------------------------------------------------
+
+// A "VmXXX:  1234 kB" line of /proc/self/status, in bytes; -1 where it cannot be read.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(f, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;
+  }
+  return -1;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0). False where the kernel refuses.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return bool(f);
+}
+
+// Reads one byte of every page of the process's mappings of safetensors files, so the weights are resident
+// before the baseline is taken. Returns the bytes touched.
+int64_t prefault_weight_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int64_t touched = 0;
+  const long page = 4096;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev, inode, path;
+    in >> range >> perms >> offset >> dev >> inode >> path;
+    if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0) continue;
+    if (perms.empty() || perms[0] != 'r') continue;
+    const auto dash = range.find('-');
+    const uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
+    const uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+    volatile unsigned char sink = 0;
+    for (uintptr_t p = lo; p < hi; p += page) sink = sink + *reinterpret_cast<volatile const unsigned char*>(p);
+    (void)sink;
+    touched += int64_t(hi - lo);
+  }
+  return touched;
+}
+
+// ---- devices -------------------------------------------------------------------------------------------------
+
+void synchronize(const torch::Device& device) {
+#ifdef LATENT_WITH_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#else
+  (void)device;
+#endif
+}
+
+void reset_gpu_peak(const torch::Device& device) {
+#ifdef LATENT_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#else
+  (void)device;
+#endif
+}
+
+std::optional<Value> gpu_memory(const torch::Device& device, int64_t baseline_allocated) {
+#ifdef LATENT_WITH_CUDA
+  if (!device.is_cuda()) return std::nullopt;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  const size_t all = 0;  // StatType::AGGREGATE
+  const int64_t peak = stats.allocated_bytes[all].peak;
+  return Value(latent::json::Object{
+      {"allocated_baseline_bytes", Value::integer(baseline_allocated)},
+      {"allocated_peak_bytes", Value::integer(peak)},
+      {"allocated_peak_above_baseline_bytes", Value::integer(peak - baseline_allocated)},
+      {"reserved_peak_bytes", Value::integer(stats.reserved_bytes[all].peak)},
+      {"num_ooms", Value::integer(stats.num_ooms)},
+  });
+#else
+  (void)device;
+  (void)baseline_allocated;
+  return std::nullopt;
+#endif
+}
+
+int64_t gpu_allocated_now(const torch::Device& device) {
+#ifdef LATENT_WITH_CUDA
+  if (device.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
+// ---- one run -------------------------------------------------------------------------------------------------
+
+struct RunResult {
+  double wall = 0;                  // seconds spent in push() and finish()
+  double cpu = 0;                   // process CPU seconds (all threads) spent there
+  std::vector<double> chunk_times;  // push()/finish() calls that returned output
+  double first_output = 0;          // seconds from the first push to the first output
+  int64_t outputs = 0;              // latents (encode) or frames (decode) out
+  size_t state_bytes_max = 0;
+  size_t state_bytes_end = 0;  // after the last push, before finish()
+  double abs_sum = 0;          // of the VAE-space output, a cross-check with the reference
+  int64_t elements = 0;
+};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+class Bench {
+ public:
+  Bench(const Args& args, std::shared_ptr<const latent::Vae> vae) : a_(args), vae_(std::move(vae)) {}
+
+  int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
+
+  RunResult run() {
+    return a_.direction == "encode" ? run_encode() : run_decode();
+  }
+
+ private:
+  void record(RunResult& r, double dt, double cpu, Clock::time_point start, bool produced) {
+    r.wall += dt;
+    r.cpu += cpu;
+    if (produced) {
+      r.chunk_times.push_back(dt);
+      if (r.chunk_times.size() == 1) r.first_output = seconds_since(start);
+    }
+  }
+
+  void check(RunResult& r, const torch::Tensor& t) {
+    r.abs_sum += t.to(torch::kDouble).abs().sum().item<double>();
+    r.elements += t.numel();
+  }
+
+  RunResult run_encode() {
+    const latent::VaeSpec& spec = vae_->spec();
+    latent::EncoderOptions opt;
+    if (a_.chunk > 0) opt.max_chunk_frames = a_.chunk;
+    latent::StreamingEncoder enc(vae_, opt);
+    torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);
+    const auto fopts = torch::TensorOptions().dtype(torch::kFloat);
+    const torch::Tensor shift = spec.latent_shift.to(vae_->device(), torch::kDouble).reshape({1, -1, 1, 1});
+    const torch::Tensor scale = spec.latent_scale.to(vae_->device(), torch::kDouble).reshape({1, -1, 1, 1});
+    RunResult r;
+    const auto start = Clock::now();
+    auto consume = [&](latent::EncodedLatents&& out) {
+      if (out.size() == 0) return false;
+      r.outputs += out.size();
+      // Back to VAE space (what diffusers' latent_dist.mean is) for the cross-check.
+      check(r, out.latents.to(torch::kDouble) / scale + shift);
+      return true;
+    };
+    for (int64_t done = 0; done < a_.frames;) {
+      const int64_t n = std::min(a_.push, a_.frames - done);
+      torch::Tensor frames = torch::rand({n, 3, a_.height, a_.width}, gen, fopts).mul_(2).sub_(1);
+      if (!vae_->device().is_cpu()) frames = frames.to(vae_->device());
+      synchronize(vae_->device());
+      const double c0 = process_cpu_seconds();
+      const auto t0 = Clock::now();
+      latent::EncodedLatents out = enc.push(frames);
+      synchronize(vae_->device());
+      const double dt = seconds_since(t0);
+      r.state_bytes_max = std::max(r.state_bytes_max, enc.state_bytes());
+      record(r, dt, process_cpu_seconds() - c0, start, out.size() > 0);
+      consume(std::move(out));
+      done += n;
+    }
+    r.state_bytes_end = enc.state_bytes();
+    const double c0 = process_cpu_seconds();
+    const auto t0 = Clock::now();
+    latent::EncodedLatents tail = enc.finish();
+    synchronize(vae_->device());
+    record(r, seconds_since(t0), process_cpu_seconds() - c0, start, tail.size() > 0);
+    consume(std::move(tail));
+    return r;
+  }
+
+  RunResult run_decode() {
+    const latent::VaeSpec& spec = vae_->spec();
+    latent::DecoderOptions opt;
+    if (a_.chunk > 0) opt.max_chunk_latents = a_.chunk;
+    latent::StreamingDecoder dec(vae_, opt);
+    const int64_t s = spec.spatial_factor;
+    torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);
+    // Raw VAE-space latents, then diffusion space: the engine maps them back before decoding.
+    torch::Tensor z = torch::randn({latent_count(), spec.latent_channels, a_.height / s, a_.width / s}, gen,
+                                   torch::TensorOptions().dtype(torch::kFloat));
+    z = (z - spec.latent_shift.reshape({1, -1, 1, 1})) * spec.latent_scale.reshape({1, -1, 1, 1});
+    z = z.to(vae_->device(), vae_->dtype());
+    RunResult r;
+    const auto start = Clock::now();
+    auto consume = [&](const torch::Tensor& frames) {
+      if (!frames.defined() || frames.size(0) == 0) return false;
+      r.outputs += frames.size(0);
+      check(r, frames);
+      return true;
+    };
+    for (int64_t done = 0; done < z.size(0);) {
+      const int64_t n = std::min(a_.push, z.size(0) - done);
+      torch::Tensor piece = z.slice(0, done, done + n);
+      synchronize(vae_->device());
+      const double c0 = process_cpu_seconds();
+      const auto t0 = Clock::now();
+      torch::Tensor frames = dec.push(piece);
+      synchronize(vae_->device());
+      const double dt = seconds_since(t0);
+      r.state_bytes_max = std::max(r.state_bytes_max, dec.state_bytes());
+      const bool produced = frames.defined() && frames.size(0) > 0;
+      record(r, dt, process_cpu_seconds() - c0, start, produced);
+      consume(frames);
+      done += n;
+    }
+    r.state_bytes_end = dec.state_bytes();
+    const double c0 = process_cpu_seconds();
+    const auto t0 = Clock::now();
+    torch::Tensor tail = dec.finish();
+    synchronize(vae_->device());
+    const bool produced = tail.defined() && tail.size(0) > 0;
+    record(r, seconds_since(t0), process_cpu_seconds() - c0, start, produced);
+    consume(tail);
+    return r;
+  }
+
+  const Args& a_;
+  std::shared_ptr<const latent::Vae> vae_;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+Value reals(const std::vector<double>& v) {
+  latent::json::Array a;
+  for (double x : v) a.push_back(Value::real(x));
+  return Value(std::move(a));
+}
+
+const char* dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "float32";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: return c10::toString(t);
+  }
+}
+
+int run(const Args& a) {
+  if (a.threads > 0) torch::set_num_threads(a.threads);
+  const torch::Device device = latent::resolve_device(a.device);
+  const torch::ScalarType dtype = latent::resolve_dtype(a.dtype, device);
+  c10::InferenceMode inference;
+
+  const int64_t rss_start = proc_status_bytes("VmRSS");
+  const auto t_load = Clock::now();
+  std::shared_ptr<const latent::Vae> vae = latent::load_vae(a.model, {device, dtype});
+  synchronize(device);
+  const double load_seconds = seconds_since(t_load);
+  vae->check_frame_size(a.width, a.height);
+  const latent::VaeSpec& spec = vae->spec();
+  if (a.direction == "decode" && (a.frames - 1) % spec.temporal_factor != 0) {
+    throw std::invalid_argument("--direction decode wants --frames 1 + " + std::to_string(spec.temporal_factor) +
+                                "k (the frames a whole number of latents stands for)");
+  }
+  const int64_t prefaulted = a.prefault && device.is_cpu() ? prefault_weight_mappings() : 0;
+
+  Bench bench(a, vae);
+  for (int i = 0; i < a.warmup; ++i) bench.run();
+
+  const int64_t rss_baseline = proc_status_bytes("VmRSS");
+  const bool hwm_reset = reset_peak_rss();
+  synchronize(device);
+  reset_gpu_peak(device);
+  const int64_t gpu_baseline = gpu_allocated_now(device);
+
+  std::vector<double> walls, cpus, fps, chunk_means, chunk_max, first_out;
+  RunResult last;
+  size_t state_max = 0, state_end_max = 0;
+  for (int i = 0; i < a.repeat; ++i) {
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
+    if (!a.profile.empty() && i == a.repeat - 1)
+      prof = std::make_unique<torch::autograd::profiler::RecordProfile>(a.profile);
+    last = bench.run();
+    prof.reset();
+    walls.push_back(last.wall);
+    cpus.push_back(last.cpu);
+    fps.push_back(double(a.frames) / last.wall);
+    chunk_means.push_back(mean(last.chunk_times));
+    chunk_max.push_back(last.chunk_times.empty() ? 0 : *std::max_element(last.chunk_times.begin(),
+                                                                          last.chunk_times.end()));
+    first_out.push_back(last.first_output);
+    state_max = std::max(state_max, last.state_bytes_max);
+    state_end_max = std::max(state_end_max, last.state_bytes_end);
+  }
+  const int64_t rss_peak = proc_status_bytes("VmHWM");
+  const int64_t rss_end = proc_status_bytes("VmRSS");
+  const int64_t expected_out = a.direction == "encode" ? bench.latent_count() : a.frames;
+
+  latent::json::Object o{
+      {"impl", "gst-latent"},
+      {"model", a.model},
+      {"family", spec.family},
+      {"direction", a.direction},
+      {"device", device.str()},
+      {"dtype", dtype_name(dtype)},
+      {"frames", Value::integer(a.frames)},
+      {"height", Value::integer(a.height)},
+      {"width", Value::integer(a.width)},
+      {"latents", Value::integer(bench.latent_count())},
+      {"push", Value::integer(a.push)},
+      {"chunk", Value::integer(a.chunk)},
+      {"seed", Value::unsigned_integer(a.seed)},
+      {"threads", Value::integer(torch::get_num_threads())},
+      {"interop_threads", Value::integer(torch::get_num_interop_threads())},
+      {"runtime", latent::runtime_summary()},
+      {"repeat", Value::integer(a.repeat)},
+      {"warmup", Value::integer(a.warmup)},
+      {"load_seconds", Value::real(load_seconds)},
+      {"wall_seconds", reals(walls)},
+      {"wall_seconds_median", Value::real(median(walls))},
+      // CPU seconds of all threads over the same spans; cpu / (wall * threads) near 1 means the cores were ours.
+      {"cpu_seconds", reals(cpus)},
+      {"fps", reals(fps)},
+      {"fps_median", Value::real(median(fps))},
+      {"chunks", Value::integer(int64_t(last.chunk_times.size()))},
+      {"chunk_latency_mean_seconds", Value::real(median(chunk_means))},
+      {"chunk_latency_max_seconds", Value::real(median(chunk_max))},
+      {"first_output_seconds", Value::real(median(first_out))},
+      {"outputs", Value::integer(last.outputs)},
+      {"outputs_expected", Value::integer(expected_out)},
+      {"output_mean_abs", Value::real(last.elements ? last.abs_sum / double(last.elements) : 0.0)},
+      {"state_bytes", Value::integer(int64_t(state_max))},
+      {"state_bytes_end", Value::integer(int64_t(state_end_max))},
+      {"rss_start_bytes", Value::integer(rss_start)},
+      {"weights_prefaulted_bytes", Value::integer(prefaulted)},
+      {"rss_baseline_bytes", Value::integer(rss_baseline)},
+      {"rss_peak_bytes", Value::integer(rss_peak)},
+      {"rss_peak_above_baseline_bytes", Value::integer(rss_peak - rss_baseline)},
+      {"rss_end_bytes", Value::integer(rss_end)},
+      {"rss_peak_reset", hwm_reset},
+  };
+  if (auto g = gpu_memory(device, gpu_baseline)) o.emplace_back("gpu_memory", std::move(*g));
+  if (!a.profile.empty()) o.emplace_back("profile", a.profile);
+
+  if (a.json) {
+    std::printf("%s\n", latent::json::dump(Value(std::move(o))).c_str());
+  } else {
+    const double mib = 1024.0 * 1024.0;
+    std::printf("%s %s %s %s %lldx%lldx%lld, %d threads, push %lld\n", spec.family.c_str(), a.direction.c_str(),
+                device.str().c_str(), dtype_name(dtype), (long long)a.frames, (long long)a.height,
+                (long long)a.width, torch::get_num_threads(), (long long)a.push);
+    for (size_t i = 0; i < walls.size(); ++i)
+      std::printf("  run %zu: %.3f s, %.2f frames/s, chunk latency mean %.3f s (max %.3f s)\n", i, walls[i], fps[i],
+                  chunk_means[i], chunk_max[i]);
+    std::printf("  median %.2f frames/s; %lld chunks; %lld of %lld outputs; output mean |x| %.6g\n", median(fps),
+                (long long)last.chunk_times.size(), (long long)last.outputs, (long long)expected_out,
+                last.elements ? last.abs_sum / double(last.elements) : 0.0);
+    std::printf("  load %.2f s; RSS baseline %.1f MiB, peak %.1f MiB (+%.1f MiB%s); state %.2f MiB\n", load_seconds,
+                double(rss_baseline) / mib, double(rss_peak) / mib, double(rss_peak - rss_baseline) / mib,
+                hwm_reset ? "" : ", peak not reset after load", double(state_max) / mib);
+  }
+  if (last.outputs != expected_out) {
+    std::fprintf(stderr, "latent-bench: %lld outputs, expected %lld\n", (long long)last.outputs,
+                 (long long)expected_out);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "latent-bench: %s\n", e.what());
+    return 1;
+  }
+}
