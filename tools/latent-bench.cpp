@@ -15,8 +15,8 @@
 // reported peak is what the measured runs add, their input included. On CUDA the caching allocator's peak is
 // reset the same way.
 #include <c10/core/InferenceMode.h>
-#include <torch/torch.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/torch.h>
 
 #ifdef LATENT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -102,23 +102,40 @@ Args parse_args(int argc, char** argv) {
       std::fprintf(stderr, "latent-bench: %s wants an integer, got '%s'\n", k.c_str(), v.c_str());
       usage(2);
     };
-    if (k == "--help" || k == "-h") usage(0);
-    else if (k == "--model") a.model = next();
-    else if (k == "--frames") a.frames = integer();
-    else if (k == "--height") a.height = integer();
-    else if (k == "--width") a.width = integer();
-    else if (k == "--direction") a.direction = next();
-    else if (k == "--device") a.device = next();
-    else if (k == "--dtype") a.dtype = next();
-    else if (k == "--threads") a.threads = int(integer());
-    else if (k == "--repeat") a.repeat = int(integer());
-    else if (k == "--warmup") a.warmup = int(integer());
-    else if (k == "--push") a.push = integer();
-    else if (k == "--chunk") a.chunk = integer();
-    else if (k == "--seed") a.seed = uint64_t(integer());
-    else if (k == "--json") a.json = true;
-    else if (k == "--no-prefault") a.prefault = false;
-    else if (k == "--profile") a.profile = next();
+    if (k == "--help" || k == "-h")
+      usage(0);
+    else if (k == "--model")
+      a.model = next();
+    else if (k == "--frames")
+      a.frames = integer();
+    else if (k == "--height")
+      a.height = integer();
+    else if (k == "--width")
+      a.width = integer();
+    else if (k == "--direction")
+      a.direction = next();
+    else if (k == "--device")
+      a.device = next();
+    else if (k == "--dtype")
+      a.dtype = next();
+    else if (k == "--threads")
+      a.threads = int(integer());
+    else if (k == "--repeat")
+      a.repeat = int(integer());
+    else if (k == "--warmup")
+      a.warmup = int(integer());
+    else if (k == "--push")
+      a.push = integer();
+    else if (k == "--chunk")
+      a.chunk = integer();
+    else if (k == "--seed")
+      a.seed = uint64_t(integer());
+    else if (k == "--json")
+      a.json = true;
+    else if (k == "--no-prefault")
+      a.prefault = false;
+    else if (k == "--profile")
+      a.profile = next();
     else {
       std::fprintf(stderr, "latent-bench: unknown argument '%s'\n", k.c_str());
       usage(2);
@@ -263,9 +280,7 @@ class Bench {
 
   int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
 
-  RunResult run() {
-    return a_.direction == "encode" ? run_encode() : run_decode();
-  }
+  RunResult run() { return a_.direction == "encode" ? run_encode() : run_decode(); }
 
  private:
   void record(RunResult& r, double dt, double cpu, Clock::time_point start, bool produced) {
@@ -444,8 +459,8 @@ int run(const Args& a) {
     cpus.push_back(last.cpu);
     fps.push_back(double(a.frames) / last.wall);
     chunk_means.push_back(mean(last.chunk_times));
-    chunk_max.push_back(last.chunk_times.empty() ? 0 : *std::max_element(last.chunk_times.begin(),
-                                                                          last.chunk_times.end()));
+    chunk_max.push_back(last.chunk_times.empty() ? 0
+                                                 : *std::max_element(last.chunk_times.begin(), last.chunk_times.end()));
     first_out.push_back(last.first_output);
     state_max = std::max(state_max, last.state_bytes_max);
     state_end_max = std::max(state_end_max, last.state_bytes_end);
@@ -505,8 +520,8 @@ int run(const Args& a) {
   } else {
     const double mib = 1024.0 * 1024.0;
     std::printf("%s %s %s %s %lldx%lldx%lld, %d threads, push %lld\n", spec.family.c_str(), a.direction.c_str(),
-                device.str().c_str(), dtype_name(dtype), (long long)a.frames, (long long)a.height,
-                (long long)a.width, torch::get_num_threads(), (long long)a.push);
+                device.str().c_str(), dtype_name(dtype), (long long)a.frames, (long long)a.height, (long long)a.width,
+                torch::get_num_threads(), (long long)a.push);
     for (size_t i = 0; i < walls.size(); ++i)
       std::printf("  run %zu: %.3f s, %.2f frames/s, chunk latency mean %.3f s (max %.3f s)\n", i, walls[i], fps[i],
                   chunk_means[i], chunk_max[i]);
