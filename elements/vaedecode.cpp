@@ -39,7 +39,7 @@ struct Pending {
 
 struct Impl {
   latent::gst::ModelSettings settings;  // object lock
-  guint chunk_latents = 2;
+  guint chunk_latents = 1;
 
   std::shared_ptr<const latent::Vae> model;
   std::unique_ptr<latent::StreamingDecoder> decoder;
@@ -368,8 +368,8 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
       gobject, PROP_CHUNK_LATENTS,
       g_param_spec_uint("chunk-latents", "Chunk latents",
                         "Latents per model call where the model allows batching (Wan); CogVideoX always runs its "
-                        "native 2-latent chunks",
-                        1, 256, 2, rw));
+                        "native 2-latent chunks. 1 keeps memory lowest; more can be faster on a GPU",
+                        1, 256, 1, rw));
   g_object_class_install_property(
       gobject, PROP_FRAMES_PROCESSED,
       g_param_spec_uint64("frames-processed", "Frames processed", "Video frames pushed since READY->PAUSED", 0,

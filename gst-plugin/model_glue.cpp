@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "latent/default_model.h"
 #include "latent/registry.h"
 #include "latent/safetensors.h"
 
@@ -27,7 +28,8 @@ void install_model_properties(GObjectClass* klass, const char* direction) {
   auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   std::string blurb = std::string("The VAE ") + direction +
                       " with: a diffusers folder (config.json + diffusion_pytorch_model.safetensors), a "
-                      ".safetensors file or a Wan2.1_VAE.pth checkpoint";
+                      ".safetensors file or a Wan2.1_VAE.pth checkpoint. Unset: the embedded default model, " +
+                      std::string(latent::kDefaultModelFile) + " (small, trained for demos and tests)";
   g_object_class_install_property(klass, PROP_MODEL,
                                   g_param_spec_string("model", "Model", blurb.c_str(), nullptr, flags));
   g_object_class_install_property(
@@ -71,33 +73,40 @@ bool get_model_property(GObject* object, const ModelSettings& settings, guint id
 
 std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSettings& s) {
   init_debug();
-  if (s.model.empty()) {
-    GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("No model set."),
-                      ("Set the 'model' property to a diffusers VAE folder, a .safetensors file or a .pth file."));
-    return nullptr;
+  std::string model = s.model;
+  if (model.empty()) {
+    try {
+      model = find_default_model().string();
+    } catch (const ModelError& e) {
+      GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("No model set, and the default model is missing."),
+                        ("%s. Set the 'model' property to a diffusers VAE folder, a .safetensors file or a .pth "
+                         "file.",
+                         e.what()));
+      return nullptr;
+    }
   }
   try {
     LoadOptions options;
     options.device = resolve_device(s.device);
     options.dtype = resolve_dtype(s.dtype, options.device);
-    GST_INFO_OBJECT(element, "loading %s on %s as %s", s.model.c_str(), options.device.str().c_str(),
+    GST_INFO_OBJECT(element, "loading %s on %s as %s", model.c_str(), options.device.str().c_str(),
                     c10::toString(options.dtype));
-    return shared_vae(s.model, options);
+    return shared_vae(model, options);
   } catch (const DeviceError& e) {
     GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("%s", e.what()), ("device property: %s", s.device.c_str()));
   } catch (const ModelError& e) {
     GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ,
-                      ("Cannot load model '%s': %s", s.model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
+                      ("Cannot load model '%s': %s", model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
   } catch (const SafetensorsError& e) {
-    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ, ("Cannot load model '%s': %s", s.model.c_str(), e.what()),
+    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ, ("Cannot load model '%s': %s", model.c_str(), e.what()),
                       (nullptr));
   } catch (const c10::OutOfMemoryError& e) {
     GST_ELEMENT_ERROR(element, RESOURCE, NO_SPACE_LEFT,
-                      ("Out of memory loading model '%s' on %s", s.model.c_str(), s.device.c_str()),
+                      ("Out of memory loading model '%s' on %s", model.c_str(), s.device.c_str()),
                       ("%s", first_line(e.what()).c_str()));
   } catch (const std::exception& e) {
     GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ,
-                      ("Cannot load model '%s': %s", s.model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
+                      ("Cannot load model '%s': %s", model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
   }
   return nullptr;
 }

@@ -310,6 +310,41 @@ def verify_reload(outdir, models):
                 check(f.metadata()["config"] == cfg.read(), f"{family}: bf16 config differs")
 
 
+def write_default_model_cases(outdir, gen, versions):
+    """The shipped default model (models/latent-tiny-wan.safetensors) run by diffusers: the C++ engine must
+    give the same latents and frames on the trained weights, not only on random ones."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "latent-tiny-wan.safetensors")
+    if not os.path.exists(path):
+        print("no default model in models/: default_cases.safetensors not written")
+        return
+    from diffusers import AutoencoderKLWan
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(path, "pt") as f:
+        config = json.loads(f.metadata()["config"])
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    model = AutoencoderKLWan(**config).eval()
+    model.load_state_dict(load_file(path))
+    tensors, case_list = {}, []
+    # Smooth structured input (what the model was trained on) as well as noise (a harder numeric case).
+    for t, h, w, kind in [(9, 64, 96, "noise"), (17, 48, 80, "smooth")]:
+        if kind == "noise":
+            x = torch.rand(1, 3, t, h, w, generator=gen) * 2 - 1
+        else:
+            x = torch.nn.functional.interpolate(torch.rand(1, 3, t, h // 8, w // 8, generator=gen) * 2 - 1,
+                                                size=(t, h, w), mode="trilinear")
+        mean, logvar, decoded = run_case(model, x)
+        key = f"{t}x{h}x{w}"
+        tensors.update({f"input.{key}": x, f"mean.{key}": mean, f"logvar.{key}": logvar, f"decoded.{key}": decoded})
+        case_list.append([t, h, w])
+        print(f"  default model {key} ({kind}): latents {tuple(mean.shape)} decoded {tuple(decoded.shape)}")
+    meta = {"cases": json.dumps(case_list), **versions}
+    out = os.path.join(outdir, "default_cases.safetensors")
+    save_file({k: v.float().contiguous() for k, v in tensors.items()}, out + ".tmp", metadata=meta)
+    publish(out + ".tmp", out)
+
+
 def main(argv):
     if len(argv) != 2:
         raise FixtureError("usage: gen_vae_fixtures.py OUTDIR")
@@ -338,6 +373,7 @@ def main(argv):
         write_family(outdir, family, model, gen, versions)
     write_wan_original(outdir, models["wan"])
     verify_reload(outdir, models)
+    write_default_model_cases(outdir, gen, versions)
 
     with open(stamp + ".tmp", "w") as f:
         f.write(f"seed {SEED} diffusers {versions['diffusers']} torch {versions['torch']}\n")

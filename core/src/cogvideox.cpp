@@ -93,8 +93,8 @@ struct ResBlock {
   }
 
   Tensor forward(const Tensor& x, const Tensor& zq, StateSlots& s) const {
-    Tensor h = conv1.forward(torch::silu(apply(norm1, x, zq, s)), s);
-    h = conv2.forward(torch::silu(apply(norm2, h, zq, s)), s);
+    Tensor h = conv1.forward(torch::silu_(apply(norm1, x, zq, s)), s);
+    h = conv2.forward(torch::silu_(apply(norm2, h, zq, s)), s);
     return (shortcut ? conv1x1x1(x, *shortcut) : x) + h;
   }
 };
@@ -141,7 +141,7 @@ class CogState : public VaeState {
 
 class CogVae : public Vae {
  public:
-  CogVae(const CogConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg), opt) {
+  CogVae(const CogConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg, src), opt) {
     WeightReader r(src, opt.device, opt.dtype);
     load_encoder(r, cfg);
     load_decoder(r, cfg);
@@ -159,7 +159,7 @@ class CogVae : public Vae {
       if (i < downsamplers_.size()) h = downsamplers_[i].forward(h);
     }
     for (const auto& b : enc_mid_) h = b.forward(h, {}, s);
-    return enc_out_.forward(torch::silu(enc_norm_.forward(h)), s);
+    return enc_out_.forward(torch::silu_(enc_norm_.forward(h)), s);
   }
 
   Tensor decode_chunk(VaeState& state, const Tensor& z) const override {
@@ -170,14 +170,14 @@ class CogVae : public Vae {
       for (const auto& b : up_[i]) h = b.forward(h, z, s);
       if (i < upsamplers_.size()) h = upsamplers_[i].forward(h);
     }
-    return dec_out_.forward(torch::silu(dec_norm_.forward(h, z, s)), s);
+    return dec_out_.forward(torch::silu_(dec_norm_.forward(h, z, s)), s);
   }
 
  private:
-  static VaeSpec make_spec(const CogConfig& cfg) {
+  static VaeSpec make_spec(const CogConfig& cfg, const WeightSource& src) {
     VaeSpec s;
     s.family = "cogvideox";
-    s.model_id = "cogvideox";
+    s.model_id = model_id_of(src, "cogvideox");
     s.latent_channels = cfg.latent_channels;
     s.temporal_factor = cfg.temporal_compression;
     s.spatial_factor = int64_t(1) << (cfg.channels.size() - 1);

@@ -54,9 +54,16 @@ Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
 Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
   const bool half = x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble;
   Tensor xf = half ? x.to(torch::kFloat) : x;
-  Tensor norm = xf.norm(2, {1}, /*keepdim=*/true).clamp_min(1e-12);
-  Tensor y = xf / norm * std::sqrt(double(x.size(1))) * gamma.to(xf.scalar_type());
+  // The per-pixel factor is 1/C of the activation's size: fold sqrt(C) into it, then make one full-size
+  // tensor and scale it in place (x / norm * sqrt(C) * gamma made three).
+  Tensor factor = xf.norm(2, {1}, /*keepdim=*/true).clamp_min_(1e-12).reciprocal_().mul_(std::sqrt(double(x.size(1))));
+  Tensor y = xf * factor;
+  y.mul_(gamma.to(xf.scalar_type()));
   return half ? y.to(x.scalar_type()) : y;
+}
+
+Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma) {
+  return torch::silu_(rms_norm_channels(x, gamma));  // the norm's output is ours alone: activate in place
 }
 
 namespace {

@@ -54,6 +54,8 @@ struct CausalConv3d {
 
 // x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma, computed in float32 for half inputs.
 Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma);
+// silu(rms_norm_channels(x, gamma)) without a second full-size tensor.
+Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma);
 
 // Applies a 2-D convolution to every frame of a [B, C, T, H, W] tensor.
 Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding);

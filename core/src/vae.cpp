@@ -48,6 +48,11 @@ void Vae::check_frame_size(int64_t width, int64_t height) const {
   }
 }
 
+std::string model_id_of(const WeightSource& source, const std::string& family) {
+  auto it = source.metadata.find("model_id");
+  return it != source.metadata.end() && !it->second.empty() ? it->second : family;
+}
+
 std::shared_ptr<Vae> load_vae(const WeightSource& source, const LoadOptions& options) {
   WeightSource src = source;  // shares tensor storage; renaming keys must not touch the caller's copy
   const std::string family = detect_family(src);

@@ -51,8 +51,8 @@ struct ResBlock {
 
   Tensor forward(const Tensor& x, StateSlots& s) const {
     Tensor h = shortcut ? conv1x1x1(x, *shortcut) : x;
-    Tensor y = conv1.forward(torch::silu(rms_norm_channels(x, gamma1)), s);
-    y = conv2.forward(torch::silu(rms_norm_channels(y, gamma2)), s);
+    Tensor y = conv1.forward(silu_rms_norm_channels(x, gamma1), s);
+    y = conv2.forward(silu_rms_norm_channels(y, gamma2), s);
     return y + h;
   }
 };
@@ -169,7 +169,7 @@ class WanState : public VaeState {
 
 class WanVae : public Vae {
  public:
-  WanVae(const WanConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg), opt) {
+  WanVae(const WanConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg, src), opt) {
     WeightReader r(src, opt.device, opt.dtype);
     load_encoder(r, cfg);
     load_decoder(r, cfg);
@@ -184,7 +184,7 @@ class WanVae : public Vae {
     Tensor h = enc_in_.forward(x, s);
     for (const auto& b : down_) h = run(b, h, s);
     h = enc_mid_.forward(h, s);
-    h = enc_out_.forward(torch::silu(rms_norm_channels(h, enc_norm_)), s);
+    h = enc_out_.forward(silu_rms_norm_channels(h, enc_norm_), s);
     return conv1x1x1(h, quant_);
   }
 
@@ -193,15 +193,15 @@ class WanVae : public Vae {
     Tensor h = dec_in_.forward(conv1x1x1(z, post_quant_), s);
     h = dec_mid_.forward(h, s);
     for (const auto& b : up_) h = run(b, h, s);
-    h = dec_out_.forward(torch::silu(rms_norm_channels(h, dec_norm_)), s);
+    h = dec_out_.forward(silu_rms_norm_channels(h, dec_norm_), s);
     return h.clamp(-1, 1);
   }
 
  private:
-  static VaeSpec make_spec(const WanConfig& cfg) {
+  static VaeSpec make_spec(const WanConfig& cfg, const WeightSource& src) {
     VaeSpec s;
     s.family = "wan2.1";
-    s.model_id = "wan2.1";
+    s.model_id = model_id_of(src, "wan2.1");
     s.in_channels = cfg.in_channels;
     s.latent_channels = cfg.z_dim;
     s.spatial_factor = int64_t(1) << (cfg.dim_mult.size() - 1);

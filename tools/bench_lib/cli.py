@@ -48,6 +48,17 @@ MODES = {
         "sweep": None,
         "timeout": 600,
     },
+    "default": {
+        "about": "the embedded default model at the demo's size: 17 and 33 frames at 320x176, encode and decode",
+        "device": "cpu",
+        "dtype": "float32",
+        "families": ["default"],
+        "directions": ["encode", "decode"],
+        "sizes": [(17, 176, 320), (33, 176, 320)],
+        "repeat": 1,
+        "sweep": None,
+        "timeout": 600,
+    },
     "memory": {
         "about": "memory against clip length: 17, 65, 257, 1025 frames at 64x64; encode with both families, "
                  "decode with Wan 2.1",

@@ -4,6 +4,8 @@ The benchmarks measure speed and memory, which depend on the architecture and th
 values of the weights; random weights keep the benchmark free of downloads. Each model is the diffusers class
 with its default config, which is the published one: AutoencoderKLWan() is the Wan 2.1 VAE (base_dim 96,
 dim_mult 1-2-4-4) and AutoencoderKLCogVideoX() the CogVideoX 2b/5b VAE (128-256-256-512).
+The embedded default model ("default") is the shipped trained file, models/latent-tiny-wan.safetensors, unpacked
+into a diffusers folder so both sides load the same weights the same way.
 """
 import json
 import os
@@ -14,7 +16,10 @@ import time
 FAMILIES = {
     "wan2.1": "AutoencoderKLWan",
     "cogvideox": "AutoencoderKLCogVideoX",
+    "default": "AutoencoderKLWan",
 }
+DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "models", "latent-tiny-wan.safetensors")
 SEED = 1234
 STAMP = "bench-model.json"
 
@@ -44,6 +49,9 @@ def ensure_model(cache, family):
 
     path = model_dir(cache, family)
     want = {"class": FAMILIES[family], "seed": SEED, "diffusers": diffusers.__version__, "dtype": "float32"}
+    if family == "default":
+        want = {"class": FAMILIES[family], "source": DEFAULT_MODEL, "mtime": os.path.getmtime(DEFAULT_MODEL),
+                "diffusers": diffusers.__version__}
     if _stamp_ok(path, want):
         return path
     _log(f"building the {family} benchmark model ({FAMILIES[family]} default config, random weights, "
@@ -52,7 +60,7 @@ def ensure_model(cache, family):
     cls = getattr(diffusers, FAMILIES[family])
     torch.manual_seed(SEED)
     with torch.no_grad():
-        model = cls()
+        model = _shipped_default(cls) if family == "default" else cls()
     params = sum(p.numel() for p in model.parameters())
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -64,6 +72,17 @@ def ensure_model(cache, family):
     os.rename(tmp, path)
     _log(f"  {params / 1e6:.1f} M parameters, {time.time() - t0:.1f} s")
     return path
+
+
+def _shipped_default(cls):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(DEFAULT_MODEL, "pt") as f:
+        config = json.loads(f.metadata()["config"])
+    model = cls(**{k: v for k, v in config.items() if not k.startswith("_")})
+    model.load_state_dict(load_file(DEFAULT_MODEL))
+    return model
 
 
 def model_info(path):

@@ -75,6 +75,11 @@ class Vae {
   LoadOptions options_;
 };
 
+// What the latent caps call a model: the family, unless the weights file names its own latent space in
+// __metadata__ "model_id" (a model of a family's architecture trained apart, whose latents another model of the
+// family cannot decode).
+std::string model_id_of(const WeightSource& source, const std::string& family);
+
 // Recognises the family from the config (or, without one, from the tensor names) and builds the model.
 std::shared_ptr<Vae> load_vae(const std::filesystem::path& path, const LoadOptions& options = {});
 std::shared_ptr<Vae> load_vae(const WeightSource& source, const LoadOptions& options = {});
