@@ -377,10 +377,10 @@ GST_START_TEST(test_state_cycles_do_not_leak) {
 }
 GST_END_TEST;
 
-// Real footage the default model never saw in training (data/clips: OpenCV's vtest.avi, see the model card).
+// Real footage the default model never saw in training (OpenCV's vtest.avi; see models/latent-tiny-wan.md).
 GST_START_TEST(test_default_model_reconstructs_held_out_footage) {
   const std::string clip = "filesrc location=" LATENT_TEST_SOURCE_ROOT
-                           "/data/clips/vtest-320x176.avi ! decodebin ! ";
+                           "/models/heldout-vtest-320x176.avi ! decodebin ! ";
   const std::string rgb = "videoconvert ! video/x-raw,format=RGB ! appsink name=out";
   Out original, decoded;
   run(clip + rgb, original);
