@@ -93,8 +93,8 @@ struct ResBlock {
   }
 
   Tensor forward(const Tensor& x, const Tensor& zq, StateSlots& s) const {
-    Tensor h = conv1.forward(torch::silu_(apply(norm1, x, zq, s)), s);
-    h = conv2.forward(torch::silu_(apply(norm2, h, zq, s)), s);
+    Tensor h = conv1.forward(silu_owned(apply(norm1, x, zq, s)), s);
+    h = conv2.forward(silu_owned(apply(norm2, h, zq, s)), s);
     return (shortcut ? conv1x1x1(x, *shortcut) : x) + h;
   }
 };
@@ -159,7 +159,7 @@ class CogVae : public Vae {
       if (i < downsamplers_.size()) h = downsamplers_[i].forward(h);
     }
     for (const auto& b : enc_mid_) h = b.forward(h, {}, s);
-    return enc_out_.forward(torch::silu_(enc_norm_.forward(h)), s);
+    return enc_out_.forward(silu_owned(enc_norm_.forward(h)), s);
   }
 
   Tensor decode_chunk(VaeState& state, const Tensor& z) const override {
@@ -170,7 +170,7 @@ class CogVae : public Vae {
       for (const auto& b : up_[i]) h = b.forward(h, z, s);
       if (i < upsamplers_.size()) h = upsamplers_[i].forward(h);
     }
-    return dec_out_.forward(torch::silu_(dec_norm_.forward(h, z, s)), s);
+    return dec_out_.forward(silu_owned(dec_norm_.forward(h, z, s)), s);
   }
 
  private:

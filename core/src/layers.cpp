@@ -63,7 +63,7 @@ Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
 }
 
 Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma) {
-  return torch::silu_(rms_norm_channels(x, gamma));  // the norm's output is ours alone: activate in place
+  return silu_owned(rms_norm_channels(x, gamma));
 }
 
 namespace {

@@ -54,6 +54,12 @@ struct CausalConv3d {
 
 // x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma, computed in float32 for half inputs.
 Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma);
+// SiLU in place, for a tensor nobody else holds (a fresh norm output): saves one full-size allocation.
+inline Tensor silu_owned(Tensor t) {
+  torch::silu_(t);
+  return t;
+}
+
 // silu(rms_norm_channels(x, gamma)) without a second full-size tensor.
 Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma);
 

@@ -393,6 +393,8 @@ def main(argv=None):
     g.add_argument("--memory", action="store_const", dest="mode", const="memory",
                    help="only the memory-against-clip-length sweep (long on a small CPU)")
     g.add_argument("--gpu", action="store_const", dest="mode", const="gpu", help="CUDA, bf16, full-size clips")
+    g.add_argument("--default-model", action="store_const", dest="mode", const="default",
+                   help="the embedded default model at the demo's 320x176")
     p.set_defaults(mode="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: all cores)")
     p.add_argument("--repeat", type=int, default=0, help="measurements per side and case (default: the mode's)")
