@@ -98,8 +98,7 @@ std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSetting
     GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ,
                       ("Cannot load model '%s': %s", model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
   } catch (const SafetensorsError& e) {
-    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ, ("Cannot load model '%s': %s", model.c_str(), e.what()),
-                      (nullptr));
+    GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ, ("Cannot load model '%s': %s", model.c_str(), e.what()), (nullptr));
   } catch (const c10::OutOfMemoryError& e) {
     GST_ELEMENT_ERROR(element, RESOURCE, NO_SPACE_LEFT,
                       ("Out of memory loading model '%s' on %s", model.c_str(), s.device.c_str()),

@@ -55,8 +55,7 @@ fs::path find_default_model() {
     if (fs::is_regular_file(p, ec)) return p;
     looked += (looked.empty() ? "" : ", ") + p.string();
   }
-  throw ModelError("the default model " + std::string(kDefaultModelFile) + " was not found (looked at " + looked +
-                   ")");
+  throw ModelError("the default model " + std::string(kDefaultModelFile) + " was not found (looked at " + looked + ")");
 }
 
 }  // namespace latent

@@ -62,9 +62,7 @@ Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
   return half ? y.to(x.scalar_type()) : y;
 }
 
-Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma) {
-  return silu_owned(rms_norm_channels(x, gamma));
-}
+Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma) { return silu_owned(rms_norm_channels(x, gamma)); }
 
 namespace {
 Tensor frames_to_batch(const Tensor& x) {  // [B, C, T, H, W] -> [B*T, C, H, W]

@@ -50,7 +50,7 @@ TEST(DefaultModel, IsShippedAndFound) {
   const VaeSpec& s = default_vae()->spec();
   EXPECT_EQ(s.family, "wan2.1");
   EXPECT_EQ(s.model_id, "latent-tiny-wan");  // its own latent space, named in the caps
-  EXPECT_EQ(s.latent_channels, 16);  // streams shaped like Wan 2.1's
+  EXPECT_EQ(s.latent_channels, 16);          // streams shaped like Wan 2.1's
   EXPECT_EQ(s.temporal_factor, 4);
   EXPECT_EQ(s.spatial_factor, 8);
 }
@@ -71,8 +71,7 @@ TEST(DefaultModel, LooksInTheInstallAndSourceDirectories) {
   auto c = default_model_candidates();
   ASSERT_GE(c.size(), 2u);
   for (const auto& p : c) EXPECT_EQ(p.filename(), kDefaultModelFile);
-  EXPECT_NE(std::find(c.begin(), c.end(), fs::path(LATENT_TEST_SOURCE_ROOT) / "models" / kDefaultModelFile),
-            c.end());
+  EXPECT_NE(std::find(c.begin(), c.end(), fs::path(LATENT_TEST_SOURCE_ROOT) / "models" / kDefaultModelFile), c.end());
 }
 
 TEST(DefaultModel, MatchesDiffusersOnTheTrainedWeights) {

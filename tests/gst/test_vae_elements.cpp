@@ -379,14 +379,13 @@ GST_END_TEST;
 
 // Real footage the default model never saw in training (OpenCV's vtest.avi; see models/latent-tiny-wan.md).
 GST_START_TEST(test_default_model_reconstructs_held_out_footage) {
-  const std::string clip = "filesrc location=" LATENT_TEST_SOURCE_ROOT
-                           "/models/heldout-vtest-320x176.avi ! decodebin ! ";
+  const std::string clip =
+      "filesrc location=" LATENT_TEST_SOURCE_ROOT "/models/heldout-vtest-320x176.avi ! decodebin ! ";
   const std::string rgb = "videoconvert ! video/x-raw,format=RGB ! appsink name=out";
   Out original, decoded;
   run(clip + rgb, original);
   run(clip + "vaeencode ! vaedecode ! " + rgb, decoded);
-  fail_unless(original.error.empty() && decoded.error.empty(), "%s%s", original.error.c_str(),
-              decoded.error.c_str());
+  fail_unless(original.error.empty() && decoded.error.empty(), "%s%s", original.error.c_str(), decoded.error.c_str());
   // All 49 frames: identity eos-after cut the clip at 16 or 17 frames depending on the elements around it.
   fail_unless_equals_int(original.buffers.size(), 49);
   fail_unless_equals_int(decoded.buffers.size(), 49);
