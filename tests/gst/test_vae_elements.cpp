@@ -370,9 +370,10 @@ GST_START_TEST(test_state_cycles_do_not_leak) {
   }
   long grown = rss_kib() - warm;
   // Run with MALLOC_ARENA_MAX=1 (see meson.build): each cycle starts new streaming threads, and glibc would
-  // otherwise give each a fresh arena. Measured flat to the KiB from cycle 40 to 200; one leaked model copy
-  // per cycle would add 6 MiB each.
-  fail_unless(grown < 16 * 1024, "RSS grew by %ld KiB over 160 NULL->PLAYING->NULL cycles", grown);
+  // otherwise give each a fresh arena. A leak is per cycle: one model copy left behind each time adds 16 MiB
+  // (the default model's weights) x 160. What is allowed is one-off: locally flat to the KiB from cycle 40 to
+  // 200, but one fresh-clone run grew 33 MiB once (about two copies of the mapped weight file resident).
+  fail_unless(grown < 64 * 1024, "RSS grew by %ld KiB over 160 NULL->PLAYING->NULL cycles", grown);
   gst_object_unref(pipeline);
 }
 GST_END_TEST;
