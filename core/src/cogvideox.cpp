@@ -241,8 +241,9 @@ class CogVae : public Vae {
       }
       up_.push_back(std::move(blocks));
       if (i + 1 < c.size()) {
-        upsamplers_.push_back(
-            {Conv::load(r, p + ".upsamplers.0.conv", {c[i], c[i], 3, 3}), int64_t(i) < compress_levels(cfg)});
+        Conv conv = Conv::load(r, p + ".upsamplers.0.conv", {c[i], c[i], 3, 3});
+        conv.prefer_winograd();
+        upsamplers_.push_back({std::move(conv), int64_t(i) < compress_levels(cfg)});
       }
     }
     dec_norm_ = SpatialNorm::load(r, "decoder.norm_out", cin, cfg.latent_channels, cfg.groups, slots);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "winograd.h"
+
 namespace latent::layers {
 
 size_t StateSlots::bytes() const {
@@ -19,6 +21,12 @@ Conv Conv::load(WeightReader& r, const std::string& prefix, std::vector<int64_t>
   return c;
 }
 
+void Conv::prefer_winograd() {
+  if (!winograd_preferred(w)) return;
+  wino = winograd_weights(w);
+  w = Tensor();
+}
+
 CausalConv3d CausalConv3d::load(WeightReader& r, const std::string& prefix, int64_t cin, int64_t cout,
                                 std::array<int64_t, 3> k, TimePad pad, SlotAllocator& slots) {
   CausalConv3d c;
@@ -28,12 +36,17 @@ CausalConv3d CausalConv3d::load(WeightReader& r, const std::string& prefix, int6
   c.kw = k[2];
   c.pad = pad;
   if (c.kt > 1) c.slot = slots.take();
+  c.conv.prefer_winograd();
   return c;
 }
 
+Tensor CausalConv3d::conv3d_same(const Tensor& x, const Conv& c) const {
+  if (c.wino.defined()) return winograd_conv3d(x, c.wino, c.b);
+  return conv_direct(x, c.w, c.b, {1, 1, 1}, {0, (kh - 1) / 2, (kw - 1) / 2});
+}
+
 Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
-  const std::vector<int64_t> spatial_pad = {0, (kh - 1) / 2, (kw - 1) / 2};
-  if (kt == 1) return torch::conv3d(x, conv.w, conv.b, 1, spatial_pad);
+  if (kt == 1) return conv3d_same(x, conv);
   Tensor& history = s.tensors[slot];
   Tensor left;
   if (history.defined()) {
@@ -48,7 +61,7 @@ Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
   Tensor padded = torch::cat({left, x}, 2);
   // A copy, not a view: a view would pin the whole padded chunk in memory until the next chunk.
   history = padded.slice(2, padded.size(2) - (kt - 1)).clone();
-  return torch::conv3d(padded, conv.w, conv.b, 1, spatial_pad);
+  return conv3d_same(padded, conv);
 }
 
 Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
@@ -74,7 +87,11 @@ Tensor batch_to_frames(const Tensor& y, int64_t b, int64_t t) {  // [B*T, C, H, 
 }  // namespace
 
 Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding) {
-  Tensor y = torch::conv2d(frames_to_batch(x), c.w, c.b, stride, padding);
+  if (c.wino.defined()) {
+    TORCH_CHECK(stride == 1 && padding == 1, "conv2d_per_frame: a Winograd kernel needs stride 1, padding 1");
+    return winograd_conv3d(x, c.wino, c.b);  // kT = 1: frame by frame, and no [B*T, C, H, W] copies
+  }
+  Tensor y = conv_direct(frames_to_batch(x), c.w, c.b, {stride, stride}, {padding, padding});
   return batch_to_frames(y, x.size(0), x.size(2));
 }
 
@@ -87,6 +104,14 @@ Tensor upsample2x_per_frame(const Tensor& x) {
       .reshape({s[0], s[1], s[2], s[3] * 2, s[4] * 2});
 }
 
-Tensor conv1x1x1(const Tensor& x, const Conv& c) { return torch::conv3d(x, c.w, c.b); }
+Tensor conv_direct(const Tensor& x, const Tensor& w, const Tensor& b, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding) {
+  std::vector<int64_t> dilation(stride.size(), 1);
+  if (at::hasMKLDNN() && x.device().is_cpu() && x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat)
+    return at::mkldnn_convolution(x, w, b, padding, stride, dilation, 1);
+  return at::convolution(x, w, b, stride, padding, dilation, false, std::vector<int64_t>(stride.size(), 0), 1);
+}
+
+Tensor conv1x1x1(const Tensor& x, const Conv& c) { return conv_direct(x, c.w, c.b, {1, 1, 1}, {0, 0, 0}); }
 
 }  // namespace latent::layers

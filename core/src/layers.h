@@ -30,7 +30,13 @@ struct SlotAllocator {
 
 struct Conv {
   Tensor w, b;
+  // For 3x3 (stride 1, padding 1) kernels that run faster by Winograd (winograd.h): the transformed kernel,
+  // which then replaces w (keeping both would hold the weights twice).
+  Tensor wino;
   static Conv load(WeightReader& r, const std::string& prefix, std::vector<int64_t> weight_shape);
+  // Switches to the Winograd form when winograd_preferred() says so. Only for kernels used with stride 1 and
+  // padding 1 in H and W.
+  void prefer_winograd();
 };
 
 enum class TimePad {
@@ -50,6 +56,10 @@ struct CausalConv3d {
   static CausalConv3d load(WeightReader& r, const std::string& prefix, int64_t cin, int64_t cout,
                            std::array<int64_t, 3> k, TimePad pad, SlotAllocator& slots);
   Tensor forward(const Tensor& x, StateSlots& s) const;
+
+ private:
+  // Stride 1, time already padded, H and W padded to keep their size.
+  Tensor conv3d_same(const Tensor& x, const Conv& c) const;
 };
 
 // x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma, computed in float32 for half inputs.
@@ -63,12 +73,19 @@ inline Tensor silu_owned(Tensor t) {
 // silu(rms_norm_channels(x, gamma)) without a second full-size tensor.
 Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma);
 
-// Applies a 2-D convolution to every frame of a [B, C, T, H, W] tensor.
+// Applies a 2-D convolution to every frame of a [B, C, T, H, W] tensor (stride 1 and padding 1 when the
+// kernel is in the Winograd form).
 Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding);
 
 // Nearest-neighbour x2 upsampling of H and W of every frame. Pure repetition, so exact in any dtype (the
 // references compute it in float32 for the same values).
 Tensor upsample2x_per_frame(const Tensor& x);
+
+// A convolution (2-D or 3-D by the kernel's rank) without LibTorch's size heuristic on the CPU: for float32
+// it calls oneDNN directly, where LibTorch sends thin or short inputs (N*C*D*H <= 20480) to an im2col kernel
+// that measured 1.2-8x slower on these models' layers. Elsewhere it is torch::convolution.
+Tensor conv_direct(const Tensor& x, const Tensor& w, const Tensor& b, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding);
 
 // Pointwise (1x1x1) 3-D convolution.
 Tensor conv1x1x1(const Tensor& x, const Conv& c);

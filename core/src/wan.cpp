@@ -71,12 +71,12 @@ struct Attention {
     const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
     Tensor f = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     Tensor n = rms_norm_channels(f, gamma);
-    Tensor qkv_out = torch::conv2d(n, qkv.w, qkv.b);                         // [BT, 3C, H, W]
+    Tensor qkv_out = conv_direct(n, qkv.w, qkv.b, {1, 1}, {0, 0});           // [BT, 3C, H, W]
     Tensor tokens = qkv_out.reshape({b * t, 3 * c, h * w}).transpose(1, 2);  // [BT, HW, 3C]
     auto parts = tokens.unsqueeze(1).chunk(3, -1);                           // q, k, v: [BT, 1, HW, C]
     Tensor a = at::scaled_dot_product_attention(parts[0], parts[1], parts[2]);
     a = a.squeeze(1).transpose(1, 2).reshape({b * t, c, h, w});
-    Tensor out = torch::conv2d(a, proj.w, proj.b);
+    Tensor out = conv_direct(a, proj.w, proj.b, {1, 1}, {0, 0});
     return out.reshape({b, t, c, h, w}).permute({0, 2, 1, 3, 4}) + x;
   }
 };
@@ -95,6 +95,7 @@ struct Resample {
     s.mode = mode;
     const bool up = mode == ResampleMode::up2d || mode == ResampleMode::up3d;
     s.spatial = Conv::load(r, p + ".resample.1", {up ? c / 2 : c, c, 3, 3});
+    if (up) s.spatial.prefer_winograd();  // the downsamplers' convs have stride 2
     if (mode == ResampleMode::down3d) {
       s.time = Conv::load(r, p + ".time_conv", {c, c, 3, 1, 1});
       s.slot = slots.take();
@@ -121,7 +122,7 @@ struct Resample {
         }
         Tensor in = torch::cat({last, x}, 2);
         last = x.slice(2, x.size(2) - 1).clone();
-        return torch::conv3d(in, time.w, time.b, {2, 1, 1});
+        return conv_direct(in, time.w, time.b, {2, 1, 1}, {0, 0, 0});
       }
       case ResampleMode::up3d: {
         // The first chunk is not upsampled in time; from the second on, a causal conv doubles the channels and
