@@ -62,7 +62,6 @@ struct Args {
   int64_t chunk = 0;  // max frames / latents per model call; 0: the engine's default
   uint64_t seed = 0;
   bool json = false;
-  bool prefault = true;
   std::string profile;  // chrome trace of the last repetition
 };
 
@@ -132,8 +131,6 @@ Args parse_args(int argc, char** argv) {
       a.seed = uint64_t(integer());
     else if (k == "--json")
       a.json = true;
-    else if (k == "--no-prefault")
-      a.prefault = false;
     else if (k == "--profile")
       a.profile = next();
     else {
@@ -177,30 +174,6 @@ bool reset_peak_rss() {
   f << "5";
   f.flush();
   return bool(f);
-}
-
-// Reads one byte of every page of the process's mappings of safetensors files, so the weights are resident
-// before the baseline is taken. Returns the bytes touched.
-int64_t prefault_weight_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  int64_t touched = 0;
-  const long page = 4096;
-  while (std::getline(maps, line)) {
-    std::istringstream in(line);
-    std::string range, perms, offset, dev, inode, path;
-    in >> range >> perms >> offset >> dev >> inode >> path;
-    if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0) continue;
-    if (perms.empty() || perms[0] != 'r') continue;
-    const auto dash = range.find('-');
-    const uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
-    const uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
-    volatile unsigned char sink = 0;
-    for (uintptr_t p = lo; p < hi; p += page) sink = sink + *reinterpret_cast<volatile const unsigned char*>(p);
-    (void)sink;
-    touched += int64_t(hi - lo);
-  }
-  return touched;
 }
 
 // ---- devices -------------------------------------------------------------------------------------------------
@@ -435,7 +408,8 @@ int run(const Args& a) {
     throw std::invalid_argument("--direction decode wants --frames 1 + " + std::to_string(spec.temporal_factor) +
                                 "k (the frames a whole number of latents stands for)");
   }
-  const int64_t prefaulted = a.prefault && device.is_cpu() ? prefault_weight_mappings() : 0;
+  // No prefaulting here: loading already made the weights the model keeps resident and released the rest
+  // (latent::settle_residency), so the baseline below is the memory a real process holds after loading.
 
   Bench bench(a, vae);
   for (int i = 0; i < a.warmup; ++i) bench.run();
@@ -505,7 +479,6 @@ int run(const Args& a) {
       {"state_bytes", Value::integer(int64_t(state_max))},
       {"state_bytes_end", Value::integer(int64_t(state_end_max))},
       {"rss_start_bytes", Value::integer(rss_start)},
-      {"weights_prefaulted_bytes", Value::integer(prefaulted)},
       {"rss_baseline_bytes", Value::integer(rss_baseline)},
       {"rss_peak_bytes", Value::integer(rss_peak)},
       {"rss_peak_above_baseline_bytes", Value::integer(rss_peak - rss_baseline)},

@@ -179,6 +179,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   return SafetensorsFile(path, std::move(map), std::move(header));
 }
 
+std::span<const std::byte> SafetensorsFile::mapping() const { return map_->bytes(); }
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   out.reserve(header_.tensors.size());

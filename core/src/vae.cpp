@@ -56,9 +56,15 @@ std::string model_id_of(const WeightSource& source, const std::string& family) {
 std::shared_ptr<Vae> load_vae(const WeightSource& source, const LoadOptions& options) {
   WeightSource src = source;  // shares tensor storage; renaming keys must not touch the caller's copy
   const std::string family = detect_family(src);
-  if (family == "wan2.1") return make_wan(src, options);
-  if (family == "cogvideox") return make_cogvideox(src, options);
-  throw ModelError(src.weights.string() + ": unknown model family '" + family + "'");
+  std::shared_ptr<Vae> vae;
+  if (family == "wan2.1")
+    vae = make_wan(src, options);
+  else if (family == "cogvideox")
+    vae = make_cogvideox(src, options);
+  else
+    throw ModelError(src.weights.string() + ": unknown model family '" + family + "'");
+  settle_residency(src);
+  return vae;
 }
 
 std::shared_ptr<Vae> load_vae(const std::filesystem::path& path, const LoadOptions& options) {

@@ -1,9 +1,14 @@
 #include "latent/weights.h"
 
+#include <sys/mman.h>
 #include <torch/serialize.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "latent/safetensors.h"
 
@@ -35,6 +40,7 @@ void read_safetensors(const fs::path& file, WeightSource& out) {
   auto st = SafetensorsFile::open(file);
   out.metadata = st.metadata();
   for (const auto& name : st.names()) out.tensors.emplace(name, st.tensor(name));
+  out.mapped.push_back(st.mapping());
   if (auto it = out.metadata.find("config"); it != out.metadata.end() && !out.config) {
     try {
       out.config = json::parse(it->second);
@@ -70,7 +76,83 @@ void read_pickle(const fs::path& file, WeightSource& out) {
   if (out.tensors.empty()) throw ModelError(file.string() + ": checkpoint holds no tensors");
 }
 
+using PageRange = std::pair<uintptr_t, uintptr_t>;  // [first, last) byte addresses, page-aligned
+
+// Sorted, overlapping and touching ranges merged.
+std::vector<PageRange> merged(std::vector<PageRange> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<PageRange> out;
+  for (const auto& r : ranges) {
+    if (!out.empty() && r.first <= out.back().second)
+      out.back().second = std::max(out.back().second, r.second);
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+// `from` without any byte of `keep` (both merged).
+std::vector<PageRange> subtract(const std::vector<PageRange>& from, const std::vector<PageRange>& keep) {
+  std::vector<PageRange> out;
+  size_t k = 0;
+  for (auto [lo, hi] : from) {
+    while (k < keep.size() && keep[k].second <= lo) ++k;
+    for (size_t j = k; j < keep.size() && keep[j].first < hi; ++j) {
+      if (keep[j].first > lo) out.emplace_back(lo, keep[j].first);
+      lo = std::max(lo, keep[j].second);
+    }
+    if (lo < hi) out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+// Faults the pages in; MADV_POPULATE_READ (Linux 5.14) does it in one call, older kernels get a read per page.
+int64_t populate(const PageRange& r, uintptr_t page) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;
+#endif
+  void* addr = reinterpret_cast<void*>(r.first);
+  const size_t len = r.second - r.first;
+  if (::madvise(addr, len, MADV_POPULATE_READ) != 0) {
+    volatile unsigned char sink = 0;
+    for (uintptr_t p = r.first; p < r.second; p += page)
+      sink = sink + *reinterpret_cast<volatile const unsigned char*>(p);
+    (void)sink;
+  }
+  return int64_t(len);
+}
+
 }  // namespace
+
+Residency settle_residency(const WeightSource& source) {
+  Residency out;
+  if (source.mapped.empty()) return out;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  std::vector<PageRange> kept, dropped;
+  for (const auto& [name, t] : source.tensors) {
+    if (!t.defined() || !t.device().is_cpu() || t.nbytes() == 0) continue;
+    const auto* data = static_cast<const std::byte*>(t.data_ptr());
+    const bool in_mapping = std::any_of(source.mapped.begin(), source.mapped.end(), [&](const auto& m) {
+      return data >= m.data() && data + t.nbytes() <= m.data() + m.size();
+    });
+    if (!in_mapping) continue;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(data), hi = lo + t.nbytes();
+    // Another user of the storage than the source's own tensor means a model holds it.
+    if (t.storage().use_count() > 1) {
+      kept.emplace_back(lo / page * page, (hi + page - 1) / page * page);
+    } else if ((lo + page - 1) / page * page < hi / page * page) {
+      dropped.emplace_back((lo + page - 1) / page * page, hi / page * page);
+    }
+  }
+  kept = merged(std::move(kept));
+  for (const auto& r : subtract(merged(std::move(dropped)), kept)) {
+    // Failure only leaves the pages where they were: memory, not correctness.
+    if (::madvise(reinterpret_cast<void*>(r.first), r.second - r.first, MADV_DONTNEED) == 0)
+      out.released_bytes += int64_t(r.second - r.first);
+  }
+  for (const auto& r : kept) out.resident_bytes += populate(r, page);
+  return out;
+}
 
 WeightSource read_weights(const fs::path& path) {
   WeightSource out;
@@ -115,7 +197,8 @@ torch::Tensor WeightReader::take(const std::string& name, std::vector<int64_t> s
   }
   if (!at::isFloatingType(it->second.scalar_type()))
     misshaped_.push_back(name + " has dtype " + std::string(c10::toString(it->second.scalar_type())));
-  return it->second.to(device_, dtype_).contiguous();
+  torch::Tensor t = it->second.to(device_, dtype_).contiguous();
+  return t.is_same(it->second) ? t.alias() : t;
 }
 
 void WeightReader::finish() const {

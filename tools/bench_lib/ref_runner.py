@@ -12,7 +12,7 @@ Measured: vae.encode(x).latent_dist.mean or vae.decode(z).sample, in torch.infer
 torch.set_num_threads(T). Memory: VmRSS after the model is loaded (and after any warmup) is the baseline; the
 peak (VmHWM) is reset then through /proc/self/clear_refs, so the peak above baseline includes the input clip,
 which diffusers' API needs whole. Weights are touched after loading (they are lazily mapped pages), so the
-baseline holds the whole model, as in latent-bench. On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats.
+baseline holds the whole model, as latent-bench's does after the engine's load. On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats.
 """
 import argparse
 import json
@@ -86,8 +86,9 @@ def main(argv=None):
     sync()
     load_seconds = time.perf_counter() - t0
     if device.type == "cpu":
-        # diffusers' CPU weights are views of a mapping of the safetensors file, faulted in on first use (as
-        # latent-bench's are): touch them so the baseline holds the whole model on both sides.
+        # diffusers' CPU weights are views of a mapping of the safetensors file, faulted in on first use (the
+        # engine faults in what it keeps while loading): touch them so the baseline holds the whole model on
+        # both sides.
         with torch.inference_mode():
             for t in list(vae.parameters()) + list(vae.buffers()):
                 t.sum()

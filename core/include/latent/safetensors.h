@@ -43,7 +43,11 @@ class SafetensorsFile {
   const st::TensorEntry& entry(std::string_view name) const;
 
   std::span<const std::byte> bytes(std::string_view name) const;
+  // A view into the mapping (no copy) when the tensor's offset suits its dtype's alignment; the mapping lives as
+  // long as any tensor taken from it.
   torch::Tensor tensor(std::string_view name) const;
+  // The whole mapped file.
+  std::span<const std::byte> mapping() const;
 
  private:
   struct Mapping;
