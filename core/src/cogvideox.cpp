@@ -63,7 +63,10 @@ struct SpatialNorm {
   }
   Tensor forward(const Tensor& f, const Tensor& zq, StateSlots& s) const {
     Tensor z = resize_like(zq, f);
-    return norm.forward(f) * conv_y.forward(z, s) + conv_b.forward(z, s);
+    // In place on the fresh norm output: one full-size tensor instead of three.
+    Tensor out = norm.forward(f);
+    out.mul_(conv_y.forward(z, s));
+    return out.add_(conv_b.forward(z, s));
   }
 };
 
@@ -95,7 +98,7 @@ struct ResBlock {
   Tensor forward(const Tensor& x, const Tensor& zq, StateSlots& s) const {
     Tensor h = conv1.forward(silu_owned(apply(norm1, x, zq, s)), s);
     h = conv2.forward(silu_owned(apply(norm2, h, zq, s)), s);
-    return (shortcut ? conv1x1x1(x, *shortcut) : x) + h;
+    return h.add_(shortcut ? conv1x1x1(x, *shortcut) : x);  // h is the conv's fresh output
   }
 };
 

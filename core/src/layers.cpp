@@ -47,21 +47,31 @@ Tensor CausalConv3d::conv3d_same(const Tensor& x, const Conv& c) const {
 
 Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
   if (kt == 1) return conv3d_same(x, conv);
+  const int64_t n = kt - 1;
   Tensor& history = s.tensors[slot];
   Tensor left;
   if (history.defined()) {
     left = history;
   } else if (pad == TimePad::zeros) {
     auto sizes = x.sizes().vec();
-    sizes[2] = kt - 1;
+    sizes[2] = n;
     left = torch::zeros(sizes, x.options());
   } else {
-    left = x.slice(2, 0, 1).expand({-1, -1, kt - 1, -1, -1});
+    left = x.slice(2, 0, 1).expand({-1, -1, n, -1, -1}).contiguous();
   }
-  Tensor padded = torch::cat({left, x}, 2);
-  // A copy, not a view: a view would pin the whole padded chunk in memory until the next chunk.
-  history = padded.slice(2, padded.size(2) - (kt - 1)).clone();
-  return conv3d_same(padded, conv);
+  Tensor y;
+  if (conv.wino.defined()) {
+    // Reads the carried frames and the chunk where they lie: no padded copy of the chunk.
+    y = winograd_conv3d(x, conv.wino, conv.b, left);
+  } else {
+    y = conv3d_same(torch::cat({left, x}, 2), conv);
+  }
+  // Copies, not views: a view would pin the whole chunk in memory until the next one.
+  if (x.size(2) >= n)
+    history = x.slice(2, x.size(2) - n).clone();
+  else
+    history = torch::cat({left, x}, 2).slice(2, x.size(2)).clone();  // fewer new frames than carried ones
+  return y;
 }
 
 Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {

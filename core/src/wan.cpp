@@ -50,10 +50,10 @@ struct ResBlock {
   }
 
   Tensor forward(const Tensor& x, StateSlots& s) const {
-    Tensor h = shortcut ? conv1x1x1(x, *shortcut) : x;
     Tensor y = conv1.forward(silu_rms_norm_channels(x, gamma1), s);
     y = conv2.forward(silu_rms_norm_channels(y, gamma2), s);
-    return y + h;
+    // The shortcut is made last and added into the conv's fresh output, so neither is held through the convs.
+    return y.add_(shortcut ? conv1x1x1(x, *shortcut) : x);
   }
 };
 

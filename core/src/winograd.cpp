@@ -27,7 +27,15 @@ constexpr int64_t kMinChannels = 64;
 
 struct Geometry {
   int64_t ci, co, tp, t, h, w, nh, nw;
+  int64_t nl = 0;  // of the tp input frames, the first nl come from `left`, the rest from x
 };
+
+// Input frame tp of channel c of one batch element: from the carried frames or from the chunk.
+inline const float* frame_plane(const float* x, const float* left, const Geometry& g, int64_t c, int64_t tp) {
+  const int64_t hw = g.h * g.w;
+  if (tp < g.nl) return left + (c * g.nl + tp) * hw;
+  return x + (c * (g.tp - g.nl) + tp - g.nl) * hw;
+}
 
 // The transforms only add and subtract; what costs is moving data between the channel-major activations and
 // the channel-minor matrices of the products. Both are built from loops over a block of 16 contiguous channels,
@@ -54,11 +62,12 @@ inline void load_channels(float* dst, const float* src, int64_t n) {
   }
 }
 
-// V[ab][tp][tile][ci] for the tile rows [i0, i0 + nb) of one batch element x [Ci][Tp][H][W]. Tile (i, j) covers
-// input rows 2i-1 .. 2i+2 and columns 2j-1 .. 2j+2; what lies outside the image is the zero padding.
+// V[ab][tp][tile][ci] for the tile rows [i0, i0 + nb) of one batch element: left [Ci][nl][H][W] then
+// x [Ci][Tp - nl][H][W]. Tile (i, j) covers input rows 2i-1 .. 2i+2 and columns 2j-1 .. 2j+2; what lies outside
+// the image is the zero padding.
 LATENT_MULTIVERSION
-void transform_input_rows(const float* x, const Geometry& g, int64_t i0, int64_t nb, float* v, int64_t task_begin,
-                          int64_t task_end) {
+void transform_input_rows(const float* x, const float* left, const Geometry& g, int64_t i0, int64_t nb, float* v,
+                          int64_t task_begin, int64_t task_end) {
   constexpr int64_t B = kChannelBlock;
   const int64_t wp = 2 * g.nw + 2;  // one padded row: input columns -1 .. 2*nw
   const int64_t tiles = nb * g.nw;
@@ -70,7 +79,7 @@ void transform_input_rows(const float* x, const Geometry& g, int64_t i0, int64_t
     for (int64_t c0 = 0; c0 < g.ci; c0 += B) {
       const int64_t cn = std::min(B, g.ci - c0);
       for (int64_t cl = 0; cl < cn; ++cl) {
-        const float* plane = x + ((c0 + cl) * g.tp + tp) * g.h * g.w;
+        const float* plane = frame_plane(x, left, g, c0 + cl, tp);
         const float* r[4];
         for (int k = 0; k < 4; ++k) {
           const int64_t y = 2 * i - 1 + k;
@@ -110,9 +119,9 @@ void transform_input_rows(const float* x, const Geometry& g, int64_t i0, int64_t
   }
 }
 
-void transform_input(const float* x, const Geometry& g, int64_t i0, int64_t nb, float* v) {
+void transform_input(const float* x, const float* left, const Geometry& g, int64_t i0, int64_t nb, float* v) {
   at::parallel_for(0, g.tp * nb, 1,
-                   [&](int64_t begin, int64_t end) { transform_input_rows(x, g, i0, nb, v, begin, end); });
+                   [&](int64_t begin, int64_t end) { transform_input_rows(x, left, g, i0, nb, v, begin, end); });
 }
 
 // y [Co][T][H][W] of one batch element from M[ab][t][tile][co] of the tile rows [i0, i0 + nb): A^T M A + bias.
@@ -252,18 +261,28 @@ Tensor winograd_weights(const Tensor& w_in) {
   return u;
 }
 
-Tensor winograd_conv3d(const Tensor& x_in, const Tensor& u, const Tensor& b) {
+Tensor winograd_conv3d(const Tensor& x_in, const Tensor& u, const Tensor& b, const Tensor& left_in) {
   TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == torch::kFloat,
               "winograd_conv3d: float32 CPU input needed, got ", x_in.scalar_type(), " on ", x_in.device());
   TORCH_CHECK(x_in.dim() == 5 && u.dim() == 4 && u.size(1) == 16 && x_in.size(1) == u.size(2),
               "winograd_conv3d: input ", x_in.sizes(), " does not match transformed weights ", u.sizes());
+  const bool has_left = left_in.defined();
+  if (has_left) {
+    TORCH_CHECK(left_in.device().is_cpu() && left_in.scalar_type() == torch::kFloat && left_in.dim() == 5 &&
+                    left_in.size(0) == x_in.size(0) && left_in.size(1) == x_in.size(1) &&
+                    left_in.size(3) == x_in.size(3) && left_in.size(4) == x_in.size(4),
+                "winograd_conv3d: carried frames ", left_in.sizes(), " do not fit the input ", x_in.sizes());
+  }
+  const int64_t nl = has_left ? left_in.size(2) : 0;
   const int64_t kt = u.size(0);
-  TORCH_CHECK(x_in.size(2) >= kt, "winograd_conv3d: ", x_in.size(2), " frames for a kernel of ", kt);
+  TORCH_CHECK(nl + x_in.size(2) >= kt, "winograd_conv3d: ", nl + x_in.size(2), " frames for a kernel of ", kt);
   Tensor x = x_in.contiguous();
+  Tensor left = has_left ? left_in.contiguous() : Tensor();
   Geometry g;
   g.ci = x.size(1);
   g.co = u.size(3);
-  g.tp = x.size(2);
+  g.nl = nl;
+  g.tp = nl + x.size(2);
   g.t = g.tp - kt + 1;
   g.h = x.size(3);
   g.w = x.size(4);
@@ -279,13 +298,14 @@ Tensor winograd_conv3d(const Tensor& x_in, const Tensor& u, const Tensor& b) {
   Tensor vbuf = scratch(0, 16 * g.tp * band * g.nw * g.ci);
   Tensor mbuf = scratch(1, 16 * g.t * band * g.nw * g.co);
   for (int64_t n = 0; n < batch; ++n) {
-    const float* xs = x.data_ptr<float>() + n * g.ci * g.tp * g.h * g.w;
+    const float* xs = x.data_ptr<float>() + n * g.ci * (g.tp - g.nl) * g.h * g.w;
+    const float* ls = has_left ? left.data_ptr<float>() + n * g.ci * g.nl * g.h * g.w : nullptr;
     float* ys = y.data_ptr<float>() + n * g.co * g.t * g.h * g.w;
     for (int64_t i0 = 0; i0 < g.nh; i0 += band) {
       const int64_t nb = std::min(band, g.nh - i0), tiles = nb * g.nw;
       Tensor v = vbuf.narrow(0, 0, 16 * g.tp * tiles * g.ci).view({16, g.tp, tiles, g.ci});
       Tensor m = mbuf.narrow(0, 0, 16 * g.t * tiles * g.co).view({16, g.t * tiles, g.co});
-      transform_input(xs, g, i0, nb, v.data_ptr<float>());
+      transform_input(xs, ls, g, i0, nb, v.data_ptr<float>());
       // Output frame t takes input frames t .. t+kT-1: one batched product per time tap, accumulated.
       for (int64_t k = 0; k < kt; ++k) {
         Tensor a = v.narrow(1, k, g.t).reshape({16, g.t * tiles, g.ci});

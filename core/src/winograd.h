@@ -37,6 +37,8 @@ Tensor winograd_weights(const Tensor& w);
 
 // conv3d(x, w, b, stride 1, padding {0, 1, 1}) for x [B, Ci, kT - 1 + T, H, W] (time padding already in place),
 // u = winograd_weights(w), b [Co] or undefined. Returns [B, Co, T, H, W]. Any H and W (odd ones included).
-Tensor winograd_conv3d(const Tensor& x, const Tensor& u, const Tensor& b);
+// With `left` [B, Ci, L, H, W], the input is left's frames followed by x's, read where they lie: a causal conv
+// passes its carried frames so that no padded copy of the chunk is made.
+Tensor winograd_conv3d(const Tensor& x, const Tensor& u, const Tensor& b, const Tensor& left = {});
 
 }  // namespace latent::layers

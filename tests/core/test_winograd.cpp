@@ -59,6 +59,25 @@ TEST(Winograd, TwoDimensionalKernelsRunFrameByFrame) {
   EXPECT_LT(rel_err(got, want), kTol);
 }
 
+TEST(Winograd, CarriedFramesReadInPlaceEqualTheConcatenatedInput) {
+  torch::manual_seed(11);
+  // Carried frames as a causal conv has them (2 for a 3-frame kernel), more than the chunk has, and batches.
+  const Shape shapes[] = {{1, 16, 24, 3, 4, 10, 12}, {2, 17, 9, 3, 1, 7, 5}, {1, 8, 8, 3, 3, 5, 9}};
+  for (const Shape& s : shapes) {
+    auto left = torch::randn({s.batch, s.ci, 2, s.h, s.w});
+    auto x = torch::randn({s.batch, s.ci, s.tp, s.h, s.w});
+    auto w = torch::randn({s.co, s.ci, s.kt, 3, 3}) / std::sqrt(9.0 * s.kt * s.ci);
+    auto b = torch::randn({s.co});
+    auto u = winograd_weights(w);
+    auto got = winograd_conv3d(x, u, b, left);
+    EXPECT_TRUE(torch::equal(got, winograd_conv3d(torch::cat({left, x}, 2), u, b))) << x.sizes();
+    EXPECT_LT(rel_err(got, reference(torch::cat({left, x}, 2), w, b)), kTol);
+  }
+  auto u = winograd_weights(torch::randn({4, 8, 3, 3, 3}));
+  EXPECT_THROW(winograd_conv3d(torch::randn({1, 8, 2, 4, 4}), u, torch::Tensor(), torch::randn({1, 8, 2, 4, 5})),
+               c10::Error);  // carried frames of another size
+}
+
 TEST(Winograd, NonContiguousInputIsTheSameAsItsCopy) {
   torch::manual_seed(9);
   auto base = torch::randn({1, 8, 3, 12, 10});
