@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "heap.h"
+
 namespace latent {
 namespace {
 
@@ -125,6 +127,7 @@ Tensor StreamingEncoder::take_pending(int64_t n) { return cat_time(pending_, n, 
 EncodedLatents StreamingEncoder::encode(const Tensor& x, int64_t frames) {
   const VaeSpec& spec = vae_->spec();
   Tensor moments = vae_->encode_chunk(*state_, x);
+  after_chunk(vae_->device());
   frames_coded_ += frames;
   const int64_t c = spec.latent_channels;
   Tensor z = moments.slice(1, 0, c);
@@ -212,6 +215,7 @@ Tensor StreamingDecoder::decode(int64_t n) {
   pending_real_.erase(pending_real_.begin(), pending_real_.begin() + n);
 
   Tensor frames = vae_->decode_chunk(*state_, z)[0];  // [3, F, H, W]
+  after_chunk(vae_->device());
   const int64_t f = frames.size(1);
   // Which output frames belong to which latent: a chunk that starts the clip expands its first latent to one
   // frame; otherwise every latent gives tf frames (CogVideoX's even first chunks included).
