@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -78,6 +77,9 @@ void read_pickle(const fs::path& file, WeightSource& out) {
 
 using PageRange = std::pair<uintptr_t, uintptr_t>;  // [first, last) byte addresses, page-aligned
 
+uintptr_t page_down(uintptr_t a, uintptr_t page) { return a / page * page; }
+uintptr_t page_up(uintptr_t a, uintptr_t page) { return (a + page - 1) / page * page; }
+
 // Sorted, overlapping and touching ranges merged.
 std::vector<PageRange> merged(std::vector<PageRange> ranges) {
   std::sort(ranges.begin(), ranges.end());
@@ -138,11 +140,11 @@ Residency settle_residency(const WeightSource& source) {
     if (!in_mapping) continue;
     const uintptr_t lo = reinterpret_cast<uintptr_t>(data), hi = lo + t.nbytes();
     // Another user of the storage than the source's own tensor means a model holds it.
-    if (t.storage().use_count() > 1) {
-      kept.emplace_back(lo / page * page, (hi + page - 1) / page * page);
-    } else if ((lo + page - 1) / page * page < hi / page * page) {
-      dropped.emplace_back((lo + page - 1) / page * page, hi / page * page);
-    }
+    // Kept: every page the tensor touches. Dropped: only the pages it fills alone.
+    if (t.storage().use_count() > 1)
+      kept.emplace_back(page_down(lo, page), page_up(hi, page));
+    else if (page_up(lo, page) < page_down(hi, page))
+      dropped.emplace_back(page_up(lo, page), page_down(hi, page));
   }
   kept = merged(std::move(kept));
   for (const auto& r : subtract(merged(std::move(dropped)), kept)) {
