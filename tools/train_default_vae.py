@@ -151,7 +151,7 @@ def smooth(t):
 def synth_clip(photos, T, H, W, rng):
     """One training clip [3, T, H, W] in [-1, 1] from still photographs, with motion a camera and a scene
     would produce; every transform is a differentiable-free resampling of a real photograph."""
-    out = torch.empty(3, T, H, W)
+    out = torch.empty(3, T, H, W, device=photos[0].device)
     cuts = [0]
     if T > 2 and rng.random() < 0.15:
         cuts.append(rng.randint(1, T - 1))
@@ -161,7 +161,7 @@ def synth_clip(photos, T, H, W, rng):
     return out
 
 
-def camera_grid(hs, ws, T, H, W, rng):
+def camera_grid(hs, ws, T, H, W, rng, device):
     scale0 = rng.uniform(0.6, 1.6)
     scale1 = scale0 * math.exp(rng.gauss(0, 0.08 * T / 8))
     ang0 = rng.gauss(0, 0.05)
@@ -169,7 +169,8 @@ def camera_grid(hs, ws, T, H, W, rng):
     span = rng.choice([2.0, 6.0, 14.0])  # slow, medium and fast pans, pixels per frame at output scale
     dx, dy = rng.gauss(0, span), rng.gauss(0, span / 2)
     ts = torch.linspace(0, 1, T) if T > 1 else torch.zeros(1)
-    ys, xs = torch.meshgrid(torch.arange(H) - (H - 1) / 2, torch.arange(W) - (W - 1) / 2, indexing="ij")
+    ys, xs = torch.meshgrid(torch.arange(H, device=device) - (H - 1) / 2,
+                            torch.arange(W, device=device) - (W - 1) / 2, indexing="ij")
     grids = []
     margin_x = max(0.0, ws / 2 - W * max(scale0, scale1) * 0.75)
     margin_y = max(0.0, hs / 2 - H * max(scale0, scale1) * 0.75)
@@ -194,17 +195,18 @@ def shot(photos, T, H, W, rng):
     if rng.random() < 0.5:
         img = img.flip(-1)
     hs, ws = img.shape[-2:]
-    grid = camera_grid(hs, ws, T, H, W, rng)
+    grid = camera_grid(hs, ws, T, H, W, rng, img.device)
     frames = F.grid_sample(img[None].expand(T, -1, -1, -1), grid, mode="bilinear", padding_mode="reflection",
                            align_corners=False)
     if rng.random() < 0.6:  # an occluding object: a disc of another photograph crossing the frame
         obj = photos[rng.randrange(len(photos))].float() / 127.5 - 1
-        og = camera_grid(obj.shape[-2], obj.shape[-1], T, H, W, rng)
+        og = camera_grid(obj.shape[-2], obj.shape[-1], T, H, W, rng, obj.device)
         tex = F.grid_sample(obj[None].expand(T, -1, -1, -1), og, padding_mode="reflection", align_corners=False)
         r = rng.uniform(0.15, 0.45) * H
         x0, y0 = rng.uniform(0, W), rng.uniform(0, H)
         vx, vy = rng.gauss(0, 6), rng.gauss(0, 4)
-        ys, xs = torch.meshgrid(torch.arange(H).float(), torch.arange(W).float(), indexing="ij")
+        ys, xs = torch.meshgrid(torch.arange(H, device=obj.device).float(),
+                                torch.arange(W, device=obj.device).float(), indexing="ij")
         ax, ay = rng.uniform(0.6, 1.4), rng.uniform(0.6, 1.4)
         for t in range(T):
             d = ((xs - x0 - vx * t) / ax) ** 2 + ((ys - y0 - vy * t) / ay) ** 2
@@ -212,7 +214,7 @@ def shot(photos, T, H, W, rng):
             frames[t] = frames[t] * (1 - m) + tex[t] * m
     if rng.random() < 0.4:  # lighting change: gain and tint ramps
         g0, g1 = rng.uniform(0.7, 1.3), rng.uniform(0.7, 1.3)
-        tint = torch.tensor([rng.uniform(0.93, 1.07) for _ in range(3)])
+        tint = torch.tensor([rng.uniform(0.93, 1.07) for _ in range(3)], device=frames.device)
         for t in range(T):
             u = t / max(1, T - 1)
             gain = (g0 + (g1 - g0) * u) * (1 + (tint - 1) * u)
@@ -298,48 +300,94 @@ def frames_of(x):
 # ----------------------------------------------------------------------------------------------- train
 
 
-def lr_at(step, total, peak, phase2=0, warmup=50):
-    """Warm-up and cosine decay in each phase: clips begin with freshly initialised time layers that need the
-    full rate (phase 2 from the picture phase's end rate of 7e-5 stalled at 17 dB)."""
-    start, end = (phase2, total) if phase2 and step >= phase2 else (0, phase2 or total)
-    k = step - start
-    if k < warmup:
-        return peak * (k + 1) / warmup
-    u = min(1.0, (k - warmup) / max(1, end - start - warmup))
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * u)))
-
-
 def save_checkpoint(path, state):
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
 
 
+def model_config(args):
+    """MODEL_CONFIG with the widths asked for on the command line (the checkpoint records what was trained)."""
+    config = dict(MODEL_CONFIG)
+    if args.base_dim:
+        config["base_dim"] = args.base_dim
+    if args.dim_mult:
+        config["dim_mult"] = [int(v) for v in args.dim_mult.split(",")]
+    return config
+
+
+class Schedule:
+    """Where training stands: by steps (`--steps`, `--image-steps`), or by trained time when `--budget-minutes`
+    is set. A GPU's step rate is not known ahead, so a run given a time budget spends its first
+    `--image-fraction` on pictures and the rest on clips, each phase with its own warm-up and cosine decay."""
+
+    def __init__(self, args):
+        self.args = args
+        self.timed = args.budget_minutes > 0
+
+    def progress(self, step, seconds):
+        """(phase, fraction of the phase done), phase 1 = pictures, 2 = clips."""
+        a = self.args
+        if self.timed:
+            u = seconds / (a.budget_minutes * 60)
+            split = a.image_fraction
+        else:
+            u = step / max(1, a.steps)
+            split = a.image_steps / max(1, a.steps)
+        if u < split:
+            return 1, u / max(split, 1e-9)
+        return 2, (u - split) / max(1 - split, 1e-9)
+
+    def done(self, step, seconds):
+        return seconds >= self.args.budget_minutes * 60 if self.timed else step >= self.args.steps
+
+    def lr(self, phase_step, fraction):
+        """Warm-up and cosine decay in each phase: clips begin with freshly initialised time layers that need the
+        full rate (phase 2 from the picture phase's end rate of 7e-5 stalled at 17 dB)."""
+        peak = self.args.lr
+        if phase_step < 50:
+            return peak * (phase_step + 1) / 50
+        return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
+
+
 def train(args):
     work = Path(args.work)
     bank, clips = prepare(work)
-    photos = bank["photos"]
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model = make_model(fresh=True).to(device)
-    ema = make_model().to(device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes per phase: let cuDNN pick its fastest kernels
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # The synthetic clips are made where the model runs: on a GPU, the CPU would otherwise feed it too slowly.
+    photos = [p.to(device) for p in bank["photos"]]
+    config = model_config(args)
+    model = make_model(config, fresh=True).to(device)
+    ema = make_model(config).to(device)
     ema.load_state_dict(model.state_dict())
     ema.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=1e-4)
     ckpt = work / "checkpoint.pt"
-    step, seen_seconds = 0, 0.0
+    step, seen_seconds, phase_start = 0, 0.0, {1: 0, 2: None}
     rng = random.Random(args.seed)
     if ckpt.exists():
         st = torch.load(ckpt, map_location=device, weights_only=False)
+        if st["config"] != config:
+            raise SystemExit(f"{ckpt} holds a model of another config ({st['config']}); use another --work")
         model.load_state_dict(st["model"])
         ema.load_state_dict(st["ema"])
         opt.load_state_dict(st["opt"])
         step, seen_seconds = st["step"], st["seconds"]
+        phase_start = {1: 0, 2: st.get("phase2_step")}
+        if phase_start[2] is None and not args.budget_minutes and step >= args.image_steps:
+            phase_start[2] = args.image_steps  # checkpoints from before phase2_step was recorded
         rng.setstate(st["rng"])
         torch.set_rng_state(st["torch_rng"])
         log(f"resumed at step {step} ({seen_seconds / 60:.1f} min trained)")
     else:
         torch.manual_seed(args.seed)
+    sched = Schedule(args)
+    first_step = step
     window = gaussian_window().to(device)
     start = time.time()
     last_save = start
@@ -347,28 +395,34 @@ def train(args):
     history = []
     hist_path = work / "history.jsonl"
 
+    def trained_seconds():
+        return seen_seconds + time.time() - start
+
     def state():
         return {"model": model.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "step": step,
-                "seconds": seen_seconds + time.time() - start, "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), "config": MODEL_CONFIG}
+                "seconds": trained_seconds(), "rng": rng.getstate(), "phase2_step": phase_start[2],
+                "torch_rng": torch.get_rng_state(), "config": config}
 
-    while step < args.steps and time.time() - start < args.minutes * 60:
+    while not sched.done(step, trained_seconds()) and time.time() - start < args.minutes * 60:
+        phase, fraction = sched.progress(step, trained_seconds())
         # Pictures first: the spatial code is most of the work and single frames cost an eighth of a clip step,
         # so the first phase takes many more (and noisier) steps in the same time. Then mostly 5-frame clips
-        # (first frame alone + one 4-frame chunk); every 4th step 9 frames, so the steady-state chunk (cache
+        # (first frame alone + one 4-frame chunk); every 4th step longer ones, so the steady-state chunk (cache
         # from a 4-frame chunk) is trained too.
-        if step == args.image_steps:
+        if phase == 2 and phase_start[2] is None:
+            phase_start[2] = step
             init_time_convs(model)
             init_time_convs(ema)
-        if step < args.image_steps:
-            x = batch(photos, args.batch, 1, 96, 96, rng)
+            log(f"step {step}: clips from now on")
+        if phase == 1:
+            x = batch(photos, args.image_batch or args.batch, 1, args.image_size, args.image_size, rng)
         elif step % 4 == 3:
-            x = batch(photos, args.batch // 2 or 1, 9, args.size, args.size, rng)
+            x = batch(photos, args.batch // 2 or 1, args.long_frames, args.size, args.size, rng)
         else:
             x = batch(photos, args.batch, 5, args.size, args.size, rng)
-        x = x.to(device)
+        lr = sched.lr(step - phase_start[phase], fraction)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr, args.image_steps)
+            g["lr"] = lr
         post = model.encode(x).latent_dist
         # The decoder learns from the posterior mean, which is what the elements emit (sample=false). Sampling
         # with a small KL weight let Adam raise the log-variance step by step (its normalised update ignores
@@ -389,14 +443,15 @@ def train(args):
             for pe, pm in zip(ema.parameters(), model.parameters()):
                 pe.lerp_(pm, 1 - d)
         step += 1
-        mse = F.mse_loss(y.detach(), x).item()
-        history.append({"step": step, "loss": loss.item(), "l1": l1.item(), "ssim": s.item(), "kl": kl.item(),
-                        "psnr": 10 * math.log10(4 / max(mse, 1e-10)), "grad": gn.item()})
-        if step % 25 == 0:
-            h = history[-25:]
-            log(f"step {step} lr {lr_at(step, args.steps, args.lr, args.image_steps):.2e} "
-                + " ".join(f"{k} {np.mean([r[k] for r in h]):.4f}" for k in ("loss", "l1", "ssim", "kl", "psnr"))
-                + f" {(time.time() - start) / max(1, len(history)):.2f} s/step")
+        if step % args.log_every == 0 or step < 5:
+            mse = F.mse_loss(y.detach(), x).item()
+            history.append({"step": step, "phase": phase, "lr": lr, "loss": loss.item(), "l1": l1.item(),
+                            "ssim": s.item(), "kl": kl.item(), "psnr": 10 * math.log10(4 / max(mse, 1e-10)),
+                            "grad": gn.item(), "seconds": round(trained_seconds(), 1)})
+            h = history[-1]
+            log(f"step {step} phase {phase} lr {lr:.2e} "
+                + " ".join(f"{k} {h[k]:.4f}" for k in ("loss", "l1", "ssim", "kl", "psnr"))
+                + f" {(time.time() - start) / max(1, step - first_step):.3f} s/step")
         now = time.time()
         if now - last_save > args.save_minutes * 60:
             save_checkpoint(ckpt, state())
@@ -411,7 +466,7 @@ def train(args):
     save_checkpoint(ckpt, state())
     with open(hist_path, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in history)
-    log(f"stopped at step {step}")
+    log(f"stopped at step {step} ({trained_seconds() / 60:.1f} min trained)")
 
 
 # ----------------------------------------------------------------------------------------------- eval
@@ -505,9 +560,18 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of this train run")
     ap.add_argument("--steps", type=int, default=6000, help="length of the learning-rate schedule")
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--budget-minutes", type=float, default=0.0,
+                    help="schedule by trained time instead of --steps (for GPUs, whose step rate is not known ahead)")
+    ap.add_argument("--image-fraction", type=float, default=0.3, help="with --budget-minutes: the picture phase")
+    ap.add_argument("--batch", type=int, default=4, help="clips per step")
+    ap.add_argument("--image-batch", type=int, default=0, help="pictures per step in phase 1 (default: --batch)")
+    ap.add_argument("--image-size", type=int, default=96, help="picture crop of phase 1, pixels")
     ap.add_argument("--image-steps", type=int, default=1500, help="steps on single frames before clips")
     ap.add_argument("--size", type=int, default=128, help="training crop, pixels")
+    ap.add_argument("--long-frames", type=int, default=9, help="frames of every 4th clip batch (half as many clips)")
+    ap.add_argument("--base-dim", type=int, default=0, help="model width (default: MODEL_CONFIG's)")
+    ap.add_argument("--dim-mult", default="", help="width multipliers per level, e.g. 1,2,4,8")
+    ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--lr", type=float, default=2e-4)  # 1e-3 stalls (17 dB even on one fixed batch)
     ap.add_argument("--ssim-weight", type=float, default=0.2)
     ap.add_argument("--kl-weight", type=float, default=1e-6)

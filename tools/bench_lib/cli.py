@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import models, report
+from . import flops, models, report
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_RUNNER = os.path.join(TOP, "tools", "bench_lib", "ref_runner.py")
@@ -80,6 +80,9 @@ MODES = {
         "cases": [("cogvideox", 49, 480, 720), ("wan2.1", 81, 480, 832)],
         "directions": ["encode", "decode"],
         "repeat": 3,
+        # One untimed pass first in each process: cuDNN picks its kernels and the caching allocator fills on the
+        # first pass, which a long-running pipeline pays once.
+        "warmup": 1,
         "sweep": {"runs": [("wan2.1", "encode"), ("wan2.1", "decode")], "frames": [17, 65, 257, 1025],
                   "size": (480, 832)},
         "timeout": 600,
@@ -191,19 +194,19 @@ class Runner:
         self.env["OMP_NUM_THREADS"] = str(self.threads)
         self.env.setdefault("PYTHONWARNINGS", "ignore")
 
-    def common(self, model, direction, frames, height, width, seed):
+    def common(self, model, direction, frames, height, width, seed, warmup=0):
         return ["--model", model, "--frames", str(frames), "--height", str(height), "--width", str(width),
                 "--direction", direction, "--device", self.device, "--dtype", self.dtype,
-                "--threads", str(self.threads), "--repeat", "1", "--seed", str(seed)]
+                "--threads", str(self.threads), "--repeat", "1", "--warmup", str(warmup), "--seed", str(seed)]
 
-    def ours(self, model, direction, frames, height, width, seed=0, timeout=None, profile=None):
-        cmd = [self.args.latent_bench] + self.common(model, direction, frames, height, width, seed) + ["--json"]
+    def ours(self, model, direction, frames, height, width, seed=0, timeout=None, profile=None, warmup=0):
+        cmd = [self.args.latent_bench] + self.common(model, direction, frames, height, width, seed, warmup) + ["--json"]
         if profile:
             cmd += ["--profile", profile]
         return self.measure("gst-latent", cmd, timeout)
 
-    def theirs(self, model, direction, frames, height, width, seed=0, timeout=None, profile=None):
-        cmd = [sys.executable, REF_RUNNER] + self.common(model, direction, frames, height, width, seed)
+    def theirs(self, model, direction, frames, height, width, seed=0, timeout=None, profile=None, warmup=0):
+        cmd = [sys.executable, REF_RUNNER] + self.common(model, direction, frames, height, width, seed, warmup)
         if profile:
             cmd += ["--profile", profile]
         return self.measure("diffusers", cmd, timeout)
@@ -335,6 +338,26 @@ def summarise_pair(ours, theirs):
     return s
 
 
+def add_conv_rate(entry, model, gpu_name):
+    """Achieved convolution TFLOP/s of both sides (and the share of the GPU's bf16 peak) from the FLOPs the
+    model's convolutions do on this clip; a failed count only leaves the figures out."""
+    try:
+        n = flops.conv_flops(model, entry["direction"], entry["frames"], entry["height"], entry["width"])
+    except Exception as e:  # the counter runs diffusers code on meta tensors; a future version may refuse
+        log(f"  could not count the convolution FLOPs: {e}")
+        return
+    s = entry["summary"]
+    entry["conv_flops"] = n
+    name, peak = flops.bf16_peak(gpu_name)
+    for side in ("ours", "theirs"):
+        wall = s.get(f"{side}_wall")
+        s[f"{side}_tflops"] = n / wall / 1e12 if wall else None
+        if peak and s[f"{side}_tflops"] is not None:
+            s[f"{side}_peak_share"] = s[f"{side}_tflops"] / peak
+    if peak:
+        s["bf16_peak"] = {"device": name, "tflops": peak}
+
+
 # ---- main -----------------------------------------------------------------------------------------------------
 
 def machine_info(device):
@@ -453,6 +476,7 @@ def main(argv=None):
     args.latent_bench = build_latent_bench(args)
     runner = Runner(args, mode)
     repeat = args.repeat or mode["repeat"]
+    warmup = mode.get("warmup", 0)
     cases = throughput_cases(mode, args)
     sweep = sweep_plan(mode, args)
     needed = sorted({c[0] for c in cases} | {f for f, _ in (sweep["runs"] if sweep else [])})
@@ -466,7 +490,7 @@ def main(argv=None):
         "machine": machine_info(mode["device"]),
         "settings": {"device": runner.device, "dtype": runner.dtype, "threads": runner.threads, "repeat": repeat,
                      "timeout_seconds": runner.timeout, "wait_idle": args.wait_idle, "wait_max": args.wait_max,
-                     "min_cpu_share": args.min_cpu_share, "retries": args.retries},
+                     "min_cpu_share": args.min_cpu_share, "retries": args.retries, "warmup": warmup},
         "models": {fam: models.model_info(d) for fam, d in model_dirs.items()},
         "throughput": [],
         "memory_sweep": [],
@@ -484,14 +508,15 @@ def main(argv=None):
             order = ("ours", "theirs") if (ci + i) % 2 == 0 else ("theirs", "ours")
             for side in order:
                 if side == "ours":
-                    r = runner.ours(model, direction, t, h, w)
+                    r = runner.ours(model, direction, t, h, w, warmup=warmup)
                     ours.append(r)
                 else:
-                    r = runner.theirs(model, direction, t, h, w)
+                    r = runner.theirs(model, direction, t, h, w, warmup=warmup)
                     theirs.append(r)
                 log(f"  {i + 1}/{repeat} {r['impl']:10s} {describe(r)}")
         entry = {"family": fam, "direction": direction, "frames": t, "height": h, "width": w,
                  "ours": ours, "diffusers": theirs, "summary": summarise_pair(ours, theirs)}
+        add_conv_rate(entry, model, results["machine"].get("gpu"))
         if args.profile:
             os.makedirs(prof_dir, exist_ok=True)
             stem = os.path.join(prof_dir, f"{fam}-{direction}-{t}x{h}x{w}")

@@ -12,6 +12,10 @@ def _f(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _pct(x):
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def _mib(x):
     return "-" if x is None else f"{x / MIB:.0f}"
 
@@ -88,6 +92,24 @@ def markdown(res):
                   "`runs ok`: successful measurements of gst-latent, diffusers. `outputs agree`: relative difference "
                   "of the mean |output| of the two sides (same seeded input; a cross-check that both computed the "
                   "same thing).", ""]
+    rates = [e for e in res["throughput"] if e.get("conv_flops")]
+    if rates:
+        peak = next((e["summary"]["bf16_peak"] for e in rates if e["summary"].get("bf16_peak")), None)
+        lines += ["## Achieved convolution throughput", "",
+                  "The convolutions' FLOPs on each clip (counted by tools/bench_lib/flops.py from the model's layer "
+                  "graph; attention and norms left out) over the measured wall time: the same work on both sides."
+                  + (f" Share of peak: of the {peak['device']}'s dense bf16 tensor-core peak, "
+                     f"{peak['tflops']:.0f} TFLOP/s (data sheet)." if peak else ""), "",
+                  "| family | direction | clip | conv TFLOP | gst-latent TFLOP/s | diffusers TFLOP/s |"
+                  + (" gst-latent share of peak | diffusers share of peak |" if peak else ""),
+                  "|---|---|---|--:|--:|--:|" + ("--:|--:|" if peak else "")]
+        for e in rates:
+            s = e["summary"]
+            share = (f" {_pct(s.get('ours_peak_share'))} | {_pct(s.get('theirs_peak_share'))} |" if peak else "")
+            lines.append(f"| {e['family']} | {e['direction']} | {e['frames']}x{e['height']}x{e['width']} | "
+                         f"{e['conv_flops'] / 1e12:.3f} | {_f(s.get('ours_tflops'), 3)} | "
+                         f"{_f(s.get('theirs_tflops'), 3)} |" + share)
+        lines.append("")
     if res["memory_sweep"]:
         lines += ["## Memory against clip length", "",
                   f"{mem_what.capitalize()}, MiB. gst-latent receives the frames one push at a time, as from a live "
