@@ -409,7 +409,7 @@ GST_START_TEST(test_default_model_reconstructs_held_out_footage) {
   g_print("default model, held-out clip, 49 frames 320x176: PSNR %.2f dB\n", psnr);
   // The shipped weights measure kMeasuredPsnr here; the threshold sits below it so that CPU kernel differences
   // cannot fail the test, while a broken model, engine or colour conversion (all far lower) does.
-  constexpr double kMeasuredPsnr = 20.41, kPsnrThreshold = 19.0;
+  constexpr double kMeasuredPsnr = 22.54, kPsnrThreshold = 21.0;
   fail_unless(psnr >= kPsnrThreshold, "round-trip PSNR %.2f dB is below %.1f dB (measured %.2f when shipped)", psnr,
               kPsnrThreshold, kMeasuredPsnr);
 }

@@ -112,7 +112,7 @@ def markdown(res):
         lines.append("")
     if res["memory_sweep"]:
         lines += ["## Memory against clip length", "",
-                  f"{mem_what.capitalize()}, MiB. gst-latent receives the frames one push at a time, as from a live "
+                  f"{mem_what[0].upper() + mem_what[1:]}, MiB. gst-latent receives the frames one push at a time, as from a live "
                   "source; diffusers needs the whole clip as one tensor, whose size is shown (it is part of "
                   "diffusers' peak). `state` is what gst-latent carries between chunks.", "",
                   "| family | direction | clip | gst-latent MiB | diffusers MiB | gst-latent state MiB | "
