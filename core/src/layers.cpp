@@ -1,5 +1,8 @@
 #include "layers.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "winograd.h"
@@ -45,20 +48,36 @@ Tensor CausalConv3d::conv3d_same(const Tensor& x, const Conv& c) const {
   return conv_direct(x, c.w, c.b, {1, 1, 1}, {0, (kh - 1) / 2, (kw - 1) / 2});
 }
 
+Tensor CausalConv3d::left_frames(const Tensor& x, const Tensor& history) const {
+  if (history.defined()) return history;
+  auto sizes = x.sizes().vec();
+  sizes[2] = kt - 1;
+  if (pad == TimePad::zeros) return torch::zeros(sizes, x.options());
+  return x.slice(2, 0, 1).expand(sizes);
+}
+
+int64_t CausalConv3d::headroom() const {
+  const Tensor& w = conv.w;
+  return (kt > 1 && !conv.wino.defined() && w.defined() && w.device().is_cpu() && w.scalar_type() == torch::kFloat)
+             ? kt - 1
+             : 0;
+}
+
+Tensor CausalConv3d::forward_padded(const Tensor& padded, StateSlots& s) const {
+  const int64_t n = kt - 1;
+  TORCH_CHECK(kt > 1 && padded.dim() == 5 && padded.size(2) > n, "CausalConv3d::forward_padded: no time padding");
+  Tensor& history = s.tensors[slot];
+  padded.narrow(2, 0, n).copy_(left_frames(padded.narrow(2, n, padded.size(2) - n), history));
+  Tensor y = conv3d_same(padded, conv);
+  history = padded.slice(2, padded.size(2) - n).clone();  // a copy: a view would pin the whole chunk
+  return y;
+}
+
 Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
   if (kt == 1) return conv3d_same(x, conv);
   const int64_t n = kt - 1;
   Tensor& history = s.tensors[slot];
-  Tensor left;
-  if (history.defined()) {
-    left = history;
-  } else if (pad == TimePad::zeros) {
-    auto sizes = x.sizes().vec();
-    sizes[2] = n;
-    left = torch::zeros(sizes, x.options());
-  } else {
-    left = x.slice(2, 0, 1).expand({-1, -1, n, -1, -1}).contiguous();
-  }
+  const Tensor left = left_frames(x, history).contiguous();
   Tensor y;
   if (conv.wino.defined()) {
     // Reads the carried frames and the chunk where they lie: no padded copy of the chunk.
@@ -74,7 +93,67 @@ Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
   return y;
 }
 
-Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
+namespace {
+// The CPU float path in one kernel. LibTorch's norm over dim 1 reduces along the strided channel axis one
+// output at a time and was 38% of the default model's decode (its 8-64 channel layers); here each task owns a
+// run of pixels, sums the squares channel by channel into a contiguous accumulator (the loops vectorise), then
+// scales: two reads of x and one write, no temporaries.
+Tensor rms_norm_channels_cpu(const Tensor& x, const Tensor& gamma, int64_t headroom) {
+  const Tensor xc = x.contiguous();
+  const Tensor g = gamma.to(torch::kFloat).contiguous();
+  const int64_t batch = xc.size(0), channels = xc.size(1);
+  const int64_t pixels = channels ? xc.numel() / (batch * channels) : 0;
+  Tensor y;
+  int64_t y_offset = 0, y_channel = pixels;  // where channel c of batch b starts in y: b*C*y_channel + c*y_channel
+  if (headroom > 0) {
+    auto sizes = xc.sizes().vec();
+    sizes[2] += headroom;
+    y = torch::empty(sizes, xc.options());
+    y_offset = pixels / xc.size(2) * headroom;
+    y_channel = pixels + y_offset;
+  } else {
+    y = torch::empty_like(xc);
+  }
+  const float* xp = xc.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  float* yp = y.data_ptr<float>() + y_offset;
+  const float scale = std::sqrt(float(channels));
+  constexpr int64_t kRun = 512;  // pixels per task: the accumulator stays in L1
+  const int64_t runs = (pixels + kRun - 1) / kRun;
+  at::parallel_for(0, batch * runs, 1, [&](int64_t begin, int64_t end) {
+    float acc[kRun];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / runs, p0 = (task % runs) * kRun, n = std::min(kRun, pixels - p0);
+      const float* xb = xp + b * channels * pixels + p0;
+      float* yb = yp + b * channels * y_channel + p0;
+      std::fill(acc, acc + n, 0.0f);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float* xr = xb + c * pixels;
+        for (int64_t i = 0; i < n; ++i) acc[i] += xr[i] * xr[i];
+      }
+      for (int64_t i = 0; i < n; ++i) acc[i] = scale / std::max(std::sqrt(acc[i]), 1e-12f);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float* xr = xb + c * pixels;
+        float* yr = yb + c * y_channel;
+        const float gc = gp[c];
+        for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * acc[i] * gc;
+      }
+    }
+  });
+  return y;
+}
+}  // namespace
+
+Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma, int64_t headroom) {
+  TORCH_CHECK(headroom == 0 || x.dim() == 5, "rms_norm_channels: headroom needs a [B, C, T, H, W] tensor");
+  if (x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() >= 2 && x.numel() > 0 &&
+      gamma.numel() == x.size(1))
+    return rms_norm_channels_cpu(x, gamma, headroom);
+  if (headroom > 0) {
+    auto sizes = x.sizes().vec();
+    sizes[2] = headroom;
+    return torch::cat({torch::empty(sizes, x.options()), rms_norm_channels(x, gamma)}, 2);
+  }
   const bool half = x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kDouble;
   Tensor xf = half ? x.to(torch::kFloat) : x;
   // The per-pixel factor is 1/C of the activation's size: fold sqrt(C) into it, then make one full-size
@@ -85,7 +164,21 @@ Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma) {
   return half ? y.to(x.scalar_type()) : y;
 }
 
-Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma) { return silu_owned(rms_norm_channels(x, gamma)); }
+Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma, int64_t headroom) {
+  Tensor y = rms_norm_channels(x, gamma, headroom);
+  if (headroom > 0) {
+    Tensor chunk = y.narrow(2, headroom, y.size(2) - headroom);  // the scratch frames are the conv's to fill
+    torch::silu_(chunk);
+    return y;
+  }
+  return silu_owned(std::move(y));
+}
+
+Tensor conv_silu_rms_norm(const CausalConv3d& conv, const Tensor& x, const Tensor& gamma, StateSlots& s) {
+  const int64_t h = conv.headroom();
+  if (h == 0) return conv.forward(silu_rms_norm_channels(x, gamma), s);
+  return conv.forward_padded(silu_rms_norm_channels(x, gamma, h), s);
+}
 
 namespace {
 Tensor frames_to_batch(const Tensor& x) {  // [B, C, T, H, W] -> [B*T, C, H, W]

@@ -56,14 +56,25 @@ struct CausalConv3d {
   static CausalConv3d load(WeightReader& r, const std::string& prefix, int64_t cin, int64_t cout,
                            std::array<int64_t, 3> k, TimePad pad, SlotAllocator& slots);
   Tensor forward(const Tensor& x, StateSlots& s) const;
+  // Time-padding frames this conv wants allocated in front of its input; 0 where it reads the carried frames in
+  // place anyway (Winograd) or runs off the CPU. A producer that makes them (silu_rms_norm_channels) spares
+  // forward() the padded copy of the whole chunk, a tenth of a thin model's time.
+  int64_t headroom() const;
+  // `padded` is [B, C, headroom() + T, H, W]; its first headroom() frames are scratch that this call fills with
+  // the carried frames.
+  Tensor forward_padded(const Tensor& padded, StateSlots& s) const;
 
  private:
+  // The frames that precede this chunk: carried ones, or the clip's start padding.
+  Tensor left_frames(const Tensor& x, const Tensor& history) const;
   // Stride 1, time already padded, H and W padded to keep their size.
   Tensor conv3d_same(const Tensor& x, const Conv& c) const;
 };
 
-// x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma, computed in float32 for half inputs.
-Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma);
+// x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma, computed in float32 for half inputs. With headroom
+// h > 0 (x is [B, C, T, H, W]) the result is [B, C, h + T, H, W] with the normalised x in its last T frames and
+// the first h left unset, for CausalConv3d::forward_padded.
+Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma, int64_t headroom = 0);
 // SiLU in place, for a tensor nobody else holds (a fresh norm output): saves one full-size allocation.
 inline Tensor silu_owned(Tensor t) {
   torch::silu_(t);
@@ -71,7 +82,10 @@ inline Tensor silu_owned(Tensor t) {
 }
 
 // silu(rms_norm_channels(x, gamma)) without a second full-size tensor.
-Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma);
+Tensor silu_rms_norm_channels(const Tensor& x, const Tensor& gamma, int64_t headroom = 0);
+
+// conv(silu(rms_norm(x))), the Wan pattern, with the norm writing straight into the conv's padded input.
+Tensor conv_silu_rms_norm(const CausalConv3d& conv, const Tensor& x, const Tensor& gamma, StateSlots& s);
 
 // Applies a 2-D convolution to every frame of a [B, C, T, H, W] tensor (stride 1 and padding 1 when the
 // kernel is in the Winograd form).

@@ -50,8 +50,8 @@ struct ResBlock {
   }
 
   Tensor forward(const Tensor& x, StateSlots& s) const {
-    Tensor y = conv1.forward(silu_rms_norm_channels(x, gamma1), s);
-    y = conv2.forward(silu_rms_norm_channels(y, gamma2), s);
+    Tensor y = conv_silu_rms_norm(conv1, x, gamma1, s);
+    y = conv_silu_rms_norm(conv2, y, gamma2, s);
     // The shortcut is made last and added into the conv's fresh output, so neither is held through the convs.
     return y.add_(shortcut ? conv1x1x1(x, *shortcut) : x);
   }
@@ -185,7 +185,7 @@ class WanVae : public Vae {
     Tensor h = enc_in_.forward(x, s);
     for (const auto& b : down_) h = run(b, h, s);
     h = enc_mid_.forward(h, s);
-    h = enc_out_.forward(silu_rms_norm_channels(h, enc_norm_), s);
+    h = conv_silu_rms_norm(enc_out_, h, enc_norm_, s);
     return conv1x1x1(h, quant_);
   }
 
@@ -194,7 +194,7 @@ class WanVae : public Vae {
     Tensor h = dec_in_.forward(conv1x1x1(z, post_quant_), s);
     h = dec_mid_.forward(h, s);
     for (const auto& b : up_) h = run(b, h, s);
-    h = dec_out_.forward(silu_rms_norm_channels(h, dec_norm_), s);
+    h = conv_silu_rms_norm(dec_out_, h, dec_norm_, s);
     return h.clamp(-1, 1);
   }
 
