@@ -99,7 +99,7 @@ namespace {
 // run of pixels, sums the squares channel by channel into a contiguous accumulator (the loops vectorise), then
 // scales: two reads of x and one write, no temporaries.
 Tensor rms_norm_channels_cpu(const Tensor& x, const Tensor& gamma, int64_t headroom) {
-  const Tensor xc = x.contiguous();
+  const Tensor& xc = x;
   const Tensor g = gamma.to(torch::kFloat).contiguous();
   const int64_t batch = xc.size(0), channels = xc.size(1);
   const int64_t pixels = channels ? xc.numel() / (batch * channels) : 0;
@@ -146,8 +146,10 @@ Tensor rms_norm_channels_cpu(const Tensor& x, const Tensor& gamma, int64_t headr
 
 Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma, int64_t headroom) {
   TORCH_CHECK(headroom == 0 || x.dim() == 5, "rms_norm_channels: headroom needs a [B, C, T, H, W] tensor");
-  if (x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.dim() >= 2 && x.numel() > 0 &&
-      gamma.numel() == x.size(1))
+  // A strided input (Wan's temporal upsampler hands one on) takes LibTorch's path: a contiguous copy first
+  // would hold one more activation at the peak.
+  if (x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.dim() >= 2 &&
+      x.numel() > 0 && gamma.numel() == x.size(1))
     return rms_norm_channels_cpu(x, gamma, headroom);
   if (headroom > 0) {
     auto sizes = x.sizes().vec();
