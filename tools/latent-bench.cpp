@@ -235,6 +235,7 @@ struct RunResult {
   int64_t outputs = 0;              // latents (encode) or frames (decode) out
   size_t state_bytes_max = 0;
   size_t state_bytes_end = 0;  // after the last push, before finish()
+  size_t heap_bytes_end = 0;   // the stream's activation heap, same moment
   double abs_sum = 0;          // of the VAE-space output, a cross-check with the reference
   int64_t elements = 0;
 };
@@ -304,6 +305,7 @@ class Bench {
       done += n;
     }
     r.state_bytes_end = enc.state_bytes();
+    r.heap_bytes_end = enc.heap_bytes();
     const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     latent::EncodedLatents tail = enc.finish();
@@ -349,6 +351,7 @@ class Bench {
       done += n;
     }
     r.state_bytes_end = dec.state_bytes();
+    r.heap_bytes_end = dec.heap_bytes();
     const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     torch::Tensor tail = dec.finish();
@@ -422,7 +425,7 @@ int run(const Args& a) {
 
   std::vector<double> walls, cpus, fps, chunk_means, chunk_max, first_out;
   RunResult last;
-  size_t state_max = 0, state_end_max = 0;
+  size_t state_max = 0, state_end_max = 0, heap_end_max = 0;
   for (int i = 0; i < a.repeat; ++i) {
     std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
     if (!a.profile.empty() && i == a.repeat - 1)
@@ -438,6 +441,7 @@ int run(const Args& a) {
     first_out.push_back(last.first_output);
     state_max = std::max(state_max, last.state_bytes_max);
     state_end_max = std::max(state_end_max, last.state_bytes_end);
+    heap_end_max = std::max(heap_end_max, last.heap_bytes_end);
   }
   const int64_t rss_peak = proc_status_bytes("VmHWM");
   const int64_t rss_end = proc_status_bytes("VmRSS");
@@ -478,6 +482,8 @@ int run(const Args& a) {
       {"output_mean_abs", Value::real(last.elements ? last.abs_sum / double(last.elements) : 0.0)},
       {"state_bytes", Value::integer(int64_t(state_max))},
       {"state_bytes_end", Value::integer(int64_t(state_end_max))},
+      // Activation memory the stream keeps between chunks (core/src/heap.h), part of the RSS above.
+      {"heap_bytes", Value::integer(int64_t(heap_end_max))},
       {"rss_start_bytes", Value::integer(rss_start)},
       {"rss_baseline_bytes", Value::integer(rss_baseline)},
       {"rss_peak_bytes", Value::integer(rss_peak)},

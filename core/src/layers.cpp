@@ -16,6 +16,15 @@ size_t StateSlots::bytes() const {
   return n;
 }
 
+void StateSlots::carry(int i, const Tensor& frames) {
+  Tensor& t = tensors[size_t(i)];
+  if (t.defined() && t.sizes() == frames.sizes() && t.options().type_equal(frames.options()) && t.is_contiguous()) {
+    t.copy_(frames);
+  } else {
+    t = frames.clone(at::MemoryFormat::Contiguous);
+  }
+}
+
 Conv Conv::load(WeightReader& r, const std::string& prefix, std::vector<int64_t> weight_shape) {
   Conv c;
   int64_t cout = weight_shape[0];
@@ -69,7 +78,7 @@ Tensor CausalConv3d::forward_padded(const Tensor& padded, StateSlots& s) const {
   Tensor& history = s.tensors[slot];
   padded.narrow(2, 0, n).copy_(left_frames(padded.narrow(2, n, padded.size(2) - n), history));
   Tensor y = conv3d_same(padded, conv);
-  history = padded.slice(2, padded.size(2) - n).clone();  // a copy: a view would pin the whole chunk
+  s.carry(slot, padded.slice(2, padded.size(2) - n));
   return y;
 }
 
@@ -85,11 +94,10 @@ Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
   } else {
     y = conv3d_same(torch::cat({left, x}, 2), conv);
   }
-  // Copies, not views: a view would pin the whole chunk in memory until the next one.
   if (x.size(2) >= n)
-    history = x.slice(2, x.size(2) - n).clone();
+    s.carry(slot, x.slice(2, x.size(2) - n));
   else
-    history = torch::cat({left, x}, 2).slice(2, x.size(2)).clone();  // fewer new frames than carried ones
+    s.carry(slot, torch::cat({left, x}, 2).slice(2, x.size(2)));  // fewer new frames than carried ones
   return y;
 }
 
@@ -148,8 +156,8 @@ Tensor rms_norm_channels(const Tensor& x, const Tensor& gamma, int64_t headroom)
   TORCH_CHECK(headroom == 0 || x.dim() == 5, "rms_norm_channels: headroom needs a [B, C, T, H, W] tensor");
   // A strided input (Wan's temporal upsampler hands one on) takes LibTorch's path: a contiguous copy first
   // would hold one more activation at the peak.
-  if (x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.dim() >= 2 &&
-      x.numel() > 0 && gamma.numel() == x.size(1))
+  if (x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.dim() >= 2 && x.numel() > 0 &&
+      gamma.numel() == x.size(1))
     return rms_norm_channels_cpu(x, gamma, headroom);
   if (headroom > 0) {
     auto sizes = x.sizes().vec();

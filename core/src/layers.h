@@ -20,6 +20,10 @@ struct StateSlots {
   std::vector<bool> started;  // for layers whose first chunk differs (Wan's temporal resamplers)
   explicit StateSlots(size_t n = 0) : tensors(n), started(n, false) {}
   size_t bytes() const;
+  // Makes slot i hold a copy of `frames` (never a view: it would pin the whole chunk). From the second chunk
+  // on the copy goes into the slot's own buffer: a cache that stays where it is leaves the stream's heap
+  // (heap.h) the same shape chunk after chunk, where a fresh copy would land somewhere new every time.
+  void carry(int i, const Tensor& frames);
 };
 
 // Hands out slot indices in construction order.

@@ -60,13 +60,19 @@ StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOption
   reset();
 }
 
+StreamingEncoder::~StreamingEncoder() = default;
+
 void StreamingEncoder::reset() {
   state_ = vae_->new_encoder_state();
   pending_.clear();
+  // After the caches that live in it: the old heap's mappings go back to the system at once.
+  heap_ = ActivationHeap::for_device(vae_->device());
   pending_count_ = frames_in_ = frames_coded_ = latents_out_ = 0;
   width_ = height_ = 0;
   generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
 }
+
+size_t StreamingEncoder::heap_bytes() const { return heap_ ? heap_->stats().touched : 0; }
 
 int64_t StreamingEncoder::max_delay_frames() const {
   const ChunkRule& r = vae_->spec().encode_chunks;
@@ -126,8 +132,11 @@ Tensor StreamingEncoder::take_pending(int64_t n) { return cat_time(pending_, n, 
 
 EncodedLatents StreamingEncoder::encode(const Tensor& x, int64_t frames) {
   const VaeSpec& spec = vae_->spec();
-  Tensor moments = vae_->encode_chunk(*state_, x);
-  after_chunk(vae_->device());
+  Tensor moments;
+  {
+    ActivationHeap::Scope scope(heap_.get(), vae_->device());
+    moments = vae_->encode_chunk(*state_, x);
+  }
   frames_coded_ += frames;
   const int64_t c = spec.latent_channels;
   Tensor z = moments.slice(1, 0, c);
@@ -194,12 +203,17 @@ StreamingDecoder::StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOption
   reset();
 }
 
+StreamingDecoder::~StreamingDecoder() = default;
+
 void StreamingDecoder::reset() {
   state_ = vae_->new_decoder_state();
   pending_.clear();
+  heap_ = ActivationHeap::for_device(vae_->device());
   pending_real_.clear();
   latents_in_ = latents_done_ = frames_out_ = 0;
 }
+
+size_t StreamingDecoder::heap_bytes() const { return heap_ ? heap_->stats().touched : 0; }
 
 size_t StreamingDecoder::state_bytes() const {
   size_t n = state_->bytes();
@@ -214,8 +228,11 @@ Tensor StreamingDecoder::decode(int64_t n) {
   std::vector<int64_t> real(pending_real_.begin(), pending_real_.begin() + n);
   pending_real_.erase(pending_real_.begin(), pending_real_.begin() + n);
 
-  Tensor frames = vae_->decode_chunk(*state_, z)[0];  // [3, F, H, W]
-  after_chunk(vae_->device());
+  Tensor frames;  // [3, F, H, W]; what is handed out is copied from it, outside the heap
+  {
+    ActivationHeap::Scope scope(heap_.get(), vae_->device());
+    frames = vae_->decode_chunk(*state_, z)[0];
+  }
   const int64_t f = frames.size(1);
   // Which output frames belong to which latent: a chunk that starts the clip expands its first latent to one
   // frame; otherwise every latent gives tf frames (CogVideoX's even first chunks included).

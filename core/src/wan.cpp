@@ -114,14 +114,13 @@ struct Resample {
         x = conv2d_per_frame(torch::constant_pad_nd(x, {0, 1, 0, 1}), spatial, 2, 0);
         // The first chunk (frame 0) passes through; later chunks see the previous chunk's last frame ahead of
         // their own, so 1 + 2n frames go into a stride-2 conv and n come out.
-        Tensor& last = s.tensors[slot];
         if (!s.started[slot]) {
           s.started[slot] = true;
-          last = x.slice(2, x.size(2) - 1).clone();
+          s.carry(slot, x.slice(2, x.size(2) - 1));
           return x;
         }
-        Tensor in = torch::cat({last, x}, 2);
-        last = x.slice(2, x.size(2) - 1).clone();
+        Tensor in = torch::cat({s.tensors[slot], x}, 2);
+        s.carry(slot, x.slice(2, x.size(2) - 1));
         return conv_direct(in, time.w, time.b, {2, 1, 1}, {0, 0, 0});
       }
       case ResampleMode::up3d: {

@@ -114,21 +114,23 @@ def markdown(res):
         lines += ["## Memory against clip length", "",
                   f"{mem_what[0].upper() + mem_what[1:]}, MiB. gst-latent receives the frames one push at a time, as from a live "
                   "source; diffusers needs the whole clip as one tensor, whose size is shown (it is part of "
-                  "diffusers' peak). `state` is what gst-latent carries between chunks.", "",
+                  "diffusers' peak). `state` is what gst-latent carries between chunks; `heap` the activation memory it "
+                  "keeps from chunk to chunk (part of its peak).", "",
                   "| family | direction | clip | gst-latent MiB | diffusers MiB | gst-latent state MiB | "
-                  "diffusers input MiB | gst-latent frames/s | diffusers frames/s |",
-                  "|---|---|---|--:|--:|--:|--:|--:|--:|"]
+                  "gst-latent heap MiB | diffusers input MiB | gst-latent frames/s | diffusers frames/s |",
+                  "|---|---|---|--:|--:|--:|--:|--:|--:|--:|"]
         for row in res["memory_sweep"]:
             o, d = row.get("ours", {}), row.get("diffusers", {})
             clip = f"{row['frames']}x{row['height']}x{row['width']}"
             om = _status(o) or _mib(_mem(o))
             dm = _status(d) or _mib(_mem(d))
             ostate = "-" if _status(o) else _f(o["state_bytes"] / MIB, 1)
+            oheap = "-" if _status(o) else _f(o.get("heap_bytes", 0) / MIB, 1)
             dinput = "-" if _status(d) else _f(d.get("input_bytes", 0) / MIB, 1)
             ofps = "-" if _status(o) else _f(o["fps_median"], 3)
             dfps = "-" if _status(d) else _f(d["fps_median"], 3)
-            lines.append(f"| {row['family']} | {row['direction']} | {clip} | {om} | {dm} | {ostate} | {dinput} | "
-                         f"{ofps} | {dfps} |")
+            lines.append(f"| {row['family']} | {row['direction']} | {clip} | {om} | {dm} | {ostate} | {oheap} | "
+                         f"{dinput} | {ofps} | {dfps} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -12,6 +12,8 @@
 
 namespace latent {
 
+class ActivationHeap;
+
 // Latent frames with the source frames each one stands for. Latent i covers source frames
 // [first_frame[i], first_frame[i] + real_frames[i]); the padded tail of a clip covers fewer than
 // temporal_factor real frames, which is how the decoder knows what to trim.
@@ -34,6 +36,7 @@ struct EncoderOptions {
 class StreamingEncoder {
  public:
   explicit StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options = {});
+  ~StreamingEncoder();
 
   // frames: uint8 [T, H, W, 3] (RGB) or floating [T, 3, H, W] in [-1, 1], any device. T may be 0.
   EncodedLatents push(const torch::Tensor& frames);
@@ -49,6 +52,10 @@ class StreamingEncoder {
   int64_t max_delay_frames() const;
   // Bytes of every tensor kept between calls: the carried caches and the pending frames.
   size_t state_bytes() const;
+  // Bytes of activation memory the stream keeps resident from chunk to chunk so that no chunk allocates anew
+  // (core/src/heap.h); 0 off the CPU or with LATENT_CPU_HEAP other than `stream`. Given back by finish(),
+  // reset() and the destructor.
+  size_t heap_bytes() const;
   const Vae& vae() const { return *vae_; }
 
  private:
@@ -60,7 +67,8 @@ class StreamingEncoder {
   std::shared_ptr<const Vae> vae_;
   EncoderOptions options_;
   std::unique_ptr<VaeState> state_;
-  std::vector<torch::Tensor> pending_;  // [1, C, t, H, W] pieces
+  std::unique_ptr<ActivationHeap> heap_;  // the model's activations and caches, per clip (core/src/heap.h)
+  std::vector<torch::Tensor> pending_;    // [1, C, t, H, W] pieces
   int64_t pending_count_ = 0;
   int64_t frames_in_ = 0;     // real frames accepted since reset
   int64_t frames_coded_ = 0;  // frames (real or padding) sent through the model
@@ -78,6 +86,7 @@ struct DecoderOptions {
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options = {});
+  ~StreamingDecoder();
 
   // latents: [T', C, h, w] in diffusion space, any device and dtype. real_frames (optional, one per latent)
   // says how many frames each latent stands for; frames past that are dropped. Returns the frames that became
@@ -90,6 +99,10 @@ class StreamingDecoder {
   int64_t frames_out() const { return frames_out_; }
   int64_t pending_latents() const { return int64_t(pending_real_.size()); }
   size_t state_bytes() const;
+  // Bytes of activation memory the stream keeps resident from chunk to chunk so that no chunk allocates anew
+  // (core/src/heap.h); 0 off the CPU or with LATENT_CPU_HEAP other than `stream`. Given back by finish(),
+  // reset() and the destructor.
+  size_t heap_bytes() const;
   const Vae& vae() const { return *vae_; }
 
  private:
@@ -98,6 +111,7 @@ class StreamingDecoder {
   std::shared_ptr<const Vae> vae_;
   DecoderOptions options_;
   std::unique_ptr<VaeState> state_;
+  std::unique_ptr<ActivationHeap> heap_;
   std::vector<torch::Tensor> pending_;  // [1, C, t, h, w] pieces in VAE space
   std::vector<int64_t> pending_real_;
   int64_t latents_in_ = 0;
