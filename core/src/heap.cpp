@@ -97,6 +97,8 @@ struct ActivationHeap::Impl {
 
  private:
   Block* map_segment(size_t size);
+  // Merges a's successor into a (both free) and returns a, out of the free index.
+  Block* absorb_next(Block* a);
   void unmap(Segment* s);
 };
 
@@ -190,7 +192,6 @@ Block* ActivationHeap::Impl::map_segment(size_t size) {
   ++segment_count;
   stats.segments = segment_count;
   stats.mapped += bytes;
-  stats.peak_mapped = std::max(stats.peak_mapped, stats.mapped);
   ++stats.fresh_maps;
   return s->first;
 }
@@ -241,6 +242,17 @@ char* ActivationHeap::Impl::allocate(size_t n) {
   return b->ptr;
 }
 
+Block* ActivationHeap::Impl::absorb_next(Block* a) {
+  Block* b = a->next;
+  free_blocks.erase(a);
+  free_blocks.erase(b);
+  a->size += b->size;
+  a->next = b->next;
+  if (b->next) b->next->prev = a;
+  delete b;
+  return a;
+}
+
 bool ActivationHeap::Impl::release(char* p) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = used.find(p);
@@ -249,21 +261,8 @@ bool ActivationHeap::Impl::release(char* p) {
   stats.in_use -= b->size;
   b->free = true;
   // Merge with free neighbours so the range can serve a larger request later.
-  if (Block* prev = b->prev; prev && prev->free) {
-    free_blocks.erase(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next) b->next->prev = prev;
-    delete b;
-    b = prev;
-  }
-  if (Block* next = b->next; next && next->free) {
-    free_blocks.erase(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next) next->next->prev = b;
-    delete next;
-  }
+  if (Block* prev = b->prev; prev && prev->free) b = absorb_next(prev);
+  if (Block* next = b->next; next && next->free) b = absorb_next(b);
   if (closed && !b->prev && !b->next) {
     unmap(b->segment);
     return segment_count == 0;
@@ -300,6 +299,8 @@ ActivationHeap::~ActivationHeap() {
   if (dead) delete impl_;
 }
 
+void check_cpu_heap_policy() { policy(); }
+
 std::unique_ptr<ActivationHeap> ActivationHeap::create() {
   RoutingAllocator* routing = RoutingAllocator::installed();
   if (!routing) return nullptr;
@@ -322,7 +323,7 @@ ActivationHeap::Scope::Scope(ActivationHeap* heap, const torch::Device& device)
 }
 
 ActivationHeap::Scope::~Scope() {
-  t_heap = static_cast<Impl*>(previous_);
+  t_heap = previous_;
 #if defined(__GLIBC__)
   if (trim_) ::malloc_trim(0);
 #endif

@@ -22,12 +22,16 @@
 
 namespace latent {
 
+// Throws std::invalid_argument naming the variable when LATENT_CPU_HEAP has an unknown value.
+void check_cpu_heap_policy();
+
 class ActivationHeap {
  public:
+  struct Impl;
+
   struct Stats {
-    size_t mapped = 0;       // bytes mapped now
-    size_t peak_mapped = 0;  // the most ever mapped at once
-    size_t in_use = 0;       // bytes of blocks handed out and not yet freed
+    size_t mapped = 0;  // bytes mapped now
+    size_t in_use = 0;  // bytes of blocks handed out and not yet freed
     size_t peak_in_use = 0;
     size_t touched = 0;  // bytes of the mappings ever handed out: what the heap keeps resident
     size_t segments = 0;
@@ -56,11 +60,9 @@ class ActivationHeap {
     Scope& operator=(const Scope&) = delete;
 
    private:
-    void* previous_;
+    Impl* previous_;
     bool trim_;
   };
-
-  struct Impl;
 
  private:
   ActivationHeap();

@@ -1,6 +1,7 @@
 #include "latent/vae.h"
 
 #include "families.h"
+#include "heap.h"
 
 namespace latent {
 namespace {
@@ -64,6 +65,8 @@ std::shared_ptr<Vae> load_vae(const WeightSource& source, const LoadOptions& opt
   else
     throw ModelError(src.weights.string() + ": unknown model family '" + family + "'");
   settle_residency(src);
+  // A wrong LATENT_CPU_HEAP fails here, where callers expect setting errors, not when a stream starts.
+  if (vae->device().is_cpu()) check_cpu_heap_policy();
   return vae;
 }
 

@@ -14,16 +14,7 @@
 using namespace latent;
 using namespace latent::testing;
 
-namespace {
-
-double rss_mib() {
-  std::ifstream statm("/proc/self/statm");
-  long pages_total = 0, pages_resident = 0;
-  statm >> pages_total >> pages_resident;
-  return double(pages_resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST(StreamingMemory, EncoderAndDecoderHoldConstantStateOverALongClip) {
   LATENT_REQUIRE_FIXTURES();

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,14 @@
 #include "latent/streaming.h"
 
 namespace latent::testing {
+
+// Resident memory of this process, MiB.
+inline double rss_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return double(pages_resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
 
 inline std::filesystem::path fixtures_dir() {
   const char* d = std::getenv("LATENT_VAE_FIXTURES");
