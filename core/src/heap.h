@@ -4,12 +4,12 @@
 // handing the free pages back after each chunk (malloc_trim) makes the next chunk fault them in again.
 //
 // An ActivationHeap keeps those blocks for its stream instead: while a Scope is open on a thread, CPU
-// allocations of 256 KiB and more made there come from the heap's own mappings (best fit, split and
-// coalesced), and go back to it when freed, whichever thread frees them. After the first chunks every chunk
-// finds the blocks it needs already mapped and resident, so the stream's memory is flat in the clip length and
-// no page is faulted in twice. Smaller allocations, other threads and other devices are left to LibTorch's
-// allocator. Mappings go back to the system when the heap is destroyed (at once for those fully free, the
-// rest as their last block is freed).
+// allocations of 256 KiB and more made there come from the heap's own mappings (first fit in one reserved
+// range, split and coalesced), and go back to it when freed, whichever thread frees them. After the first chunks every
+// chunk finds the blocks it needs already mapped and resident, so the stream's memory is flat in the clip length and no
+// page is faulted in twice. Smaller allocations, other threads and other devices are left to LibTorch's allocator.
+// Mappings go back to the system when the heap is destroyed (at once for those fully free, the rest as their last block
+// is freed).
 //
 // LATENT_CPU_HEAP selects the policy, for comparisons: `stream` (the default, this heap), `trim` (glibc, with
 // malloc_trim after every chunk) or `glibc` (glibc as it comes).

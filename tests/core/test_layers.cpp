@@ -103,6 +103,25 @@ TEST(CausalConv, PaddedInputFromTheNormEqualsTheConcatenatingPath) {
   EXPECT_LT(rel_err(yb, want), kTol);
 }
 
+// The carried frames stay in one buffer from the first chunk on (StateSlots::carry): a fresh copy per chunk
+// would land somewhere new in the stream's heap each time and spread its touched pages. The chunked result is
+// still the whole clip's convolution (the test above).
+TEST(CausalConv, CarriedFramesKeepTheirBuffer) {
+  torch::manual_seed(7);
+  const CausalConv3d conv = random_causal_conv(4, 4);
+  const torch::Tensor clip = torch::randn({1, 4, 9, 5, 6});
+  StateSlots s(1);
+  conv.forward(clip.narrow(2, 0, 1), s);
+  const void* buffer = s.tensors[0].data_ptr();
+  int64_t t = 1;
+  for (int64_t n : {4, 1, 3}) {  // the one-frame chunk carries one old and one new frame
+    conv.forward(clip.narrow(2, t, n), s);
+    t += n;
+    EXPECT_EQ(s.tensors[0].data_ptr(), buffer) << "after frame " << t;
+    EXPECT_TRUE(torch::equal(s.tensors[0], clip.narrow(2, t - 2, 2))) << "after frame " << t;
+  }
+}
+
 TEST(CausalConv, NoHeadroomWhereTheConvReadsInPlaceOrOffTheCpu) {
   CausalConv3d one_frame = random_causal_conv(8, 8);
   one_frame.kt = 1;
