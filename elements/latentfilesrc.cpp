@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "elements.h"
-#include "latent/safetensors.h"
+#include "latent/io/safetensors.h"
 #include "latent_caps.h"
 
 GST_DEBUG_CATEGORY_STATIC(latent_file_src_debug);

@@ -10,7 +10,7 @@
 
 #include "elements.h"
 #include "frame_convert.h"
-#include "latent/streaming.h"
+#include "latent/vae/streaming.h"
 #include "latent_caps.h"
 #include "model_glue.h"
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "latent/vae.h"
+#include "latent/vae/vae.h"
 #include "latent_caps.h"
 
 namespace latent::gst {

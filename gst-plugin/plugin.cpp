@@ -2,7 +2,7 @@
 #include <gst/gst.h>
 
 #include "elements.h"
-#include "latent/runtime.h"
+#include "latent/runtime/build_info.h"
 #include "plugin-config.h"
 
 GST_DEBUG_CATEGORY_STATIC(latent_plugin_debug);

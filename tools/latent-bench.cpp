@@ -36,11 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "latent/json.h"
-#include "latent/registry.h"
-#include "latent/runtime.h"
-#include "latent/streaming.h"
-#include "latent/vae.h"
+#include "io/json.h"
+#include "latent/runtime/build_info.h"
+#include "latent/runtime/devices.h"
+#include "latent/vae/streaming.h"
+#include "latent/vae/vae.h"
 
 namespace {
 

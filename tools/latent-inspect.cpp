@@ -4,8 +4,8 @@
 #include <exception>
 #include <string>
 
-#include "latent/runtime.h"
-#include "latent/safetensors.h"
+#include "latent/io/safetensors.h"
+#include "latent/runtime/build_info.h"
 
 namespace {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "latent/json.h"
-#include "latent/safetensors.h"
-#include "latent/streaming.h"
+#include "io/json.h"
+#include "latent/io/safetensors.h"
+#include "latent/vae/streaming.h"
 
 namespace latent::testing {
 

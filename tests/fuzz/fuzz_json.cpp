@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "latent/json.h"
+#include "io/json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

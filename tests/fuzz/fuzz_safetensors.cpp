@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "latent/safetensors_format.h"
+#include "latent/io/safetensors_format.h"
 
 namespace st = latent::st;
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "latent/safetensors.h"
+#include "latent/io/safetensors.h"
 #include "latent_caps.h"
 
 #include <glib/gstdio.h>

@@ -1,0 +1,65 @@
+// Model weights as users have them: a diffusers folder (config.json + diffusion_pytorch_model.safetensors), one
+// .safetensors file (config in __metadata__ or none), or a torch.save() checkpoint (.pth, e.g. Wan2.1_VAE.pth).
+#pragma once
+
+#include <torch/types.h>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace latent {
+
+// Every problem with a model source: unreadable files, unknown families, missing or mis-shaped tensors.
+class ModelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A model's configuration as its authors wrote it: config.json beside the weights, or __metadata__ "config". It is
+// checked to be a JSON object when read; each family reads its own typed configuration from it (core/src/vae/).
+struct ModelConfig {
+  std::string class_name;  // "_class_name" (e.g. AutoencoderKLWan); empty when absent
+  std::string text;        // the JSON object as read
+};
+
+struct WeightSource {
+  std::filesystem::path weights;  // the tensor file actually read
+  std::optional<ModelConfig> config;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, torch::Tensor> tensors;  // CPU, dtype as stored
+  // The memory-mapped files the tensors point into (none for a torch.save checkpoint, which is read into memory).
+  std::vector<std::span<const std::byte>> mapped;
+};
+
+// Resolves `path` (folder or file) and reads every tensor. Throws ModelError (or SafetensorsError) naming the
+// file and the defect.
+WeightSource read_weights(const std::filesystem::path& path);
+
+// Takes tensors out of a WeightSource for one model, checking each shape, and reports every problem at once:
+// a user fixing a checkpoint wants the whole list, not one name per attempt.
+class WeightReader {
+ public:
+  WeightReader(const WeightSource& source, torch::Device device, torch::ScalarType dtype);
+
+  // The tensor converted to the compute device and dtype; an undefined tensor (and a recorded problem) when it
+  // is missing or its shape differs from `shape`. Where no conversion was needed it is a new view of the
+  // source's storage, so settle_residency() can tell kept tensors from dropped ones by their storage's users.
+  torch::Tensor take(const std::string& name, std::vector<int64_t> shape);
+  // Throws ModelError listing missing, mis-shaped and unused tensors, if any.
+  void finish() const;
+
+ private:
+  const WeightSource& source_;
+  torch::Device device_;
+  torch::ScalarType dtype_;
+  std::map<std::string, bool> used_;
+  std::vector<std::string> missing_;
+  std::vector<std::string> misshaped_;
+};
+
+}  // namespace latent

@@ -1,0 +1,125 @@
+// Streaming encode and decode: frames in, latents out as soon as they are complete, and back. Memory is the
+// model's carried caches plus at most one chunk of frames, whatever the length of the clip.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "latent/vae/vae.h"
+
+namespace latent {
+
+class ActivationHeap;
+
+// Latent frames with the source frames each one stands for. Latent i covers source frames
+// [first_frame[i], first_frame[i] + real_frames[i]); the padded tail of a clip covers fewer than
+// temporal_factor real frames, which is how the decoder knows what to trim.
+struct EncodedLatents {
+  torch::Tensor latents;  // [T', C, h, w] in diffusion space, on the model's device, in its dtype
+  std::vector<int64_t> first_frame;
+  std::vector<int64_t> real_frames;
+  int64_t size() const { return latents.defined() ? latents.size(0) : 0; }
+};
+
+struct EncoderOptions {
+  // Draw z = mean + std * noise instead of the posterior mean; the noise comes from a CPU generator seeded
+  // with `seed`, so a sample is the same on every device.
+  bool sample = false;
+  uint64_t seed = 0;
+  // Frames per model call after the first where the family allows batching; bounds activation memory.
+  int64_t max_chunk_frames = 8;
+};
+
+class StreamingEncoder {
+ public:
+  explicit StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options = {});
+  ~StreamingEncoder();
+
+  // frames: uint8 [T, H, W, 3] (RGB) or floating [T, 3, H, W] in [-1, 1], any device. T may be 0.
+  EncodedLatents push(const torch::Tensor& frames);
+  // Encodes what is pending, padding the tail by repeating the last frame. The clip is over afterwards.
+  EncodedLatents finish();
+  // Forgets the clip (caches and pending frames) without encoding anything.
+  void reset();
+
+  int64_t frames_in() const { return frames_in_; }
+  int64_t latents_out() const { return latents_out_; }
+  int64_t pending_frames() const { return pending_count_; }
+  // Frames that must arrive before the next latent can be emitted, at most (for latency reporting).
+  int64_t max_delay_frames() const;
+  // Bytes of every tensor kept between calls: the carried caches and the pending frames.
+  size_t state_bytes() const;
+  // Bytes of activation memory the stream keeps resident from chunk to chunk so that no chunk allocates anew
+  // (core/src/heap.h); 0 off the CPU or with LATENT_CPU_HEAP other than `stream`. Given back by finish(),
+  // reset() and the destructor.
+  size_t heap_bytes() const;
+  const Vae& vae() const { return *vae_; }
+
+ private:
+  torch::Tensor to_model_input(const torch::Tensor& frames);
+  EncodedLatents encode(const torch::Tensor& x, int64_t real);
+  torch::Tensor take_pending(int64_t n);
+  int64_t next_chunk_frames() const;
+
+  std::shared_ptr<const Vae> vae_;
+  EncoderOptions options_;
+  std::unique_ptr<VaeState> state_;
+  std::unique_ptr<ActivationHeap> heap_;  // the model's activations and caches, per clip (core/src/heap.h)
+  std::vector<torch::Tensor> pending_;    // [1, C, t, H, W] pieces
+  int64_t pending_count_ = 0;
+  int64_t frames_in_ = 0;     // real frames accepted since reset
+  int64_t frames_coded_ = 0;  // frames (real or padding) sent through the model
+  int64_t latents_out_ = 0;
+  int64_t width_ = 0, height_ = 0;
+  torch::Generator generator_;
+};
+
+struct DecoderOptions {
+  // Latents per model call after the first where the family allows batching. One keeps the decoder's peak
+  // (activations of 4 full-size frames per latent) lowest; more gives larger convolutions, which pays on GPUs.
+  int64_t max_chunk_latents = 1;
+};
+
+class StreamingDecoder {
+ public:
+  explicit StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options = {});
+  ~StreamingDecoder();
+
+  // latents: [T', C, h, w] in diffusion space, any device and dtype. real_frames (optional, one per latent)
+  // says how many frames each latent stands for; frames past that are dropped. Returns the frames that became
+  // complete: [T, 3, H, W] in [-1, 1], on the model's device, in its dtype.
+  torch::Tensor push(const torch::Tensor& latents, const std::vector<int64_t>& real_frames = {});
+  torch::Tensor finish();
+  void reset();
+
+  int64_t latents_in() const { return latents_in_; }
+  int64_t frames_out() const { return frames_out_; }
+  int64_t pending_latents() const { return int64_t(pending_real_.size()); }
+  size_t state_bytes() const;
+  // Bytes of activation memory the stream keeps resident from chunk to chunk so that no chunk allocates anew
+  // (core/src/heap.h); 0 off the CPU or with LATENT_CPU_HEAP other than `stream`. Given back by finish(),
+  // reset() and the destructor.
+  size_t heap_bytes() const;
+  const Vae& vae() const { return *vae_; }
+
+ private:
+  torch::Tensor decode(int64_t n);
+
+  std::shared_ptr<const Vae> vae_;
+  DecoderOptions options_;
+  std::unique_ptr<VaeState> state_;
+  std::unique_ptr<ActivationHeap> heap_;
+  std::vector<torch::Tensor> pending_;  // [1, C, t, h, w] pieces in VAE space
+  std::vector<int64_t> pending_real_;
+  int64_t latents_in_ = 0;
+  int64_t latents_done_ = 0;
+  int64_t frames_out_ = 0;
+};
+
+// [T, 3, H, W] in [-1, 1] -> uint8 [T, H, W, 3] on the CPU.
+torch::Tensor frames_to_rgb8(const torch::Tensor& frames);
+
+}  // namespace latent

@@ -1,0 +1,111 @@
+// A loaded causal video VAE: immutable weights plus the per-chunk encode/decode steps. Per-stream state (the
+// carried temporal caches) lives in VaeState objects, so one loaded model serves many streams at once.
+#pragma once
+
+#include <torch/types.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "latent/io/weights.h"
+
+namespace latent {
+
+class Vae;
+
+// The carried caches of one stream through one encoder or decoder. A state knows which model made it and for which
+// direction: handing it to the other direction or another model is an error, not a read past its slots.
+class VaeState {
+ public:
+  enum class Role { encoder, decoder };
+  virtual ~VaeState() = default;
+  // Bytes of every tensor the state keeps (what bounded memory is about).
+  virtual size_t bytes() const = 0;
+  Role role() const { return role_; }
+  const Vae* model() const { return model_; }
+
+ private:
+  friend class Vae;
+  Role role_ = Role::encoder;
+  const Vae* model_ = nullptr;
+};
+
+// How a family cuts time into chunks. The first chunk holds `first` frames (latents when decoding); every
+// later chunk a multiple of `step`. Where `batchable` is false each later chunk is exactly `step` (the result
+// depends on the cut, as with CogVideoX's GroupNorm); otherwise several steps may be run together.
+struct ChunkRule {
+  int64_t first = 1;
+  int64_t step = 1;
+  bool batchable = true;
+};
+
+struct VaeSpec {
+  std::string family;    // "wan2.1", "cogvideox"
+  std::string model_id;  // what the latent caps call the model, e.g. "wan2.1"
+  int64_t in_channels = 3;
+  int64_t latent_channels = 16;
+  int64_t temporal_factor = 4;
+  int64_t spatial_factor = 8;
+  // Width and height must be multiples of this.
+  int64_t size_multiple = 8;
+  ChunkRule encode_chunks;
+  ChunkRule decode_chunks;
+  // Diffusion space: z = (mean_vae - shift) * scale, per channel ([C] tensors on the CPU, float32).
+  torch::Tensor latent_shift;
+  torch::Tensor latent_scale;
+  bool clamp_output = false;
+};
+
+struct LoadOptions {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat;
+};
+
+class Vae {
+ public:
+  virtual ~Vae() = default;
+  const VaeSpec& spec() const { return spec_; }
+  torch::Device device() const { return options_.device; }
+  torch::ScalarType dtype() const { return options_.dtype; }
+
+  std::unique_ptr<VaeState> new_encoder_state() const;
+  std::unique_ptr<VaeState> new_decoder_state() const;
+  // x: [B, in_channels, T, H, W] in [-1, 1], on the device in the compute dtype. Returns the posterior moments
+  // [B, 2 * latent_channels, T', H/8, W/8] (mean then logvar) in VAE space. Throws std::invalid_argument for a
+  // state made for decoding or by another model, or an input of the wrong rank or channels.
+  torch::Tensor encode_chunk(VaeState& state, const torch::Tensor& x) const;
+  // z: [B, latent_channels, T', h, w] in VAE space. Returns frames [B, out_channels, T, 8h, 8w]. Checks as
+  // encode_chunk does.
+  torch::Tensor decode_chunk(VaeState& state, const torch::Tensor& z) const;
+
+  // Throws ModelError with the accepted sizes when width or height cannot be encoded.
+  void check_frame_size(int64_t width, int64_t height) const;
+
+ protected:
+  Vae(VaeSpec spec, LoadOptions options) : spec_(std::move(spec)), options_(options) {}
+  // What a family implements; the public calls have checked the state and the input by then.
+  virtual std::unique_ptr<VaeState> make_encoder_state() const = 0;
+  virtual std::unique_ptr<VaeState> make_decoder_state() const = 0;
+  virtual torch::Tensor encode_step(VaeState& state, const torch::Tensor& x) const = 0;
+  virtual torch::Tensor decode_step(VaeState& state, const torch::Tensor& z) const = 0;
+  VaeSpec spec_;
+  LoadOptions options_;
+
+ private:
+  std::unique_ptr<VaeState> stamped(std::unique_ptr<VaeState> state, VaeState::Role role) const;
+  void check_call(const VaeState& state, VaeState::Role role, const torch::Tensor& input, int64_t channels,
+                  const char* call) const;
+};
+
+// What the latent caps call a model: the family, unless the weights file names its own latent space in
+// __metadata__ "model_id" (a model of a family's architecture trained apart, whose latents another model of the
+// family cannot decode).
+std::string model_id_of(const WeightSource& source, const std::string& family);
+
+// Recognises the family from the config (or, without one, from the tensor names; core/src/vae/families.cpp) and
+// builds the model.
+std::shared_ptr<Vae> load_vae(const std::filesystem::path& path, const LoadOptions& options = {});
+std::shared_ptr<Vae> load_vae(const WeightSource& source, const LoadOptions& options = {});
+
+}  // namespace latent

@@ -1,0 +1,32 @@
+// What a stream carries through a model from chunk to chunk: one slot per stateful layer, numbered when the model
+// is built, so the model's weights stay immutable and shared.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace latent::layers {
+
+using torch::Tensor;
+
+// Per-stream carried tensors, one slot per stateful layer.
+struct StateSlots {
+  std::vector<Tensor> tensors;
+  std::vector<bool> started;  // for layers whose first chunk differs (Wan's temporal resamplers)
+  explicit StateSlots(size_t n = 0) : tensors(n), started(n, false) {}
+  size_t bytes() const;
+  // Makes slot i hold a copy of `frames` (never a view: it would pin the whole chunk). From the second chunk
+  // on the copy goes into the slot's own buffer: a cache that stays where it is leaves the stream's heap
+  // (memory/heap.h) the same shape chunk after chunk, where a fresh copy would land somewhere new every time.
+  void carry(int i, const Tensor& frames);
+};
+
+// Hands out slot indices in construction order.
+struct SlotAllocator {
+  int next = 0;
+  int take() { return next++; }
+};
+
+}  // namespace latent::layers

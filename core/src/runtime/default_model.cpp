@@ -1,0 +1,61 @@
+#include "latent/runtime/default_model.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include "latent/io/weights.h"
+
+#ifndef LATENT_INSTALLED_MODELS_DIR
+#error "the build defines LATENT_INSTALLED_MODELS_DIR"
+#endif
+#ifndef LATENT_SOURCE_MODELS_DIR
+#error "the build defines LATENT_SOURCE_MODELS_DIR"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace latent {
+namespace {
+
+// <prefix>/<libdir>/liblatentcore.so -> <prefix>/share/gst-latent/models, wherever the prefix was moved to.
+fs::path models_dir_beside_library() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&find_default_model), &info) || !info.dli_fname) return {};
+  const fs::path lib = fs::absolute(fs::path(info.dli_fname)).parent_path();
+  // Debian-style multiarch libdirs (lib/x86_64-linux-gnu) sit one level deeper than lib or lib64.
+  for (const fs::path& prefix : {lib.parent_path(), lib.parent_path().parent_path()}) {
+    fs::path dir = prefix / "share" / "gst-latent" / "models";
+    std::error_code ec;
+    if (fs::is_directory(dir, ec)) return dir;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::vector<fs::path> default_model_candidates() {
+  if (const char* env = std::getenv("LATENT_DEFAULT_MODEL"); env && *env) return {fs::path(env)};
+  std::vector<fs::path> out;
+  if (fs::path dir = models_dir_beside_library(); !dir.empty()) out.push_back(dir / kDefaultModelFile);
+  for (const char* dir : {LATENT_INSTALLED_MODELS_DIR, LATENT_SOURCE_MODELS_DIR}) {
+    fs::path p = fs::path(dir) / kDefaultModelFile;
+    bool seen = false;
+    for (const auto& q : out) seen = seen || q == p;
+    if (!seen) out.push_back(p);
+  }
+  return out;
+}
+
+fs::path find_default_model() {
+  const auto candidates = default_model_candidates();
+  std::string looked;
+  for (const auto& p : candidates) {
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return p;
+    looked += (looked.empty() ? "" : ", ") + p.string();
+  }
+  throw ModelError("the default model " + std::string(kDefaultModelFile) + " was not found (looked at " + looked + ")");
+}
+
+}  // namespace latent

@@ -1,0 +1,50 @@
+// The table of model families: how each is recognised, built and cut into chunks. Adding a family is one file with
+// its modules and these functions, plus one row in families.cpp; load_vae() knows no family by name.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "latent/vae/vae.h"
+
+namespace latent {
+
+// How a family cuts time, for a given temporal compression.
+struct ChunkRules {
+  ChunkRule encode;
+  ChunkRule decode;
+};
+
+struct Family {
+  const char* name;          // VaeSpec::family and the "family" key of a weights file's __metadata__
+  const char* config_class;  // diffusers' _class_name in config.json
+  // Recognises weights that come without a config by their tensor names. May rename the tensors of another
+  // published layout (e.g. the original Wan 2.1 checkpoint) to the names the constructor reads.
+  bool (*recognise)(WeightSource& src);
+  std::shared_ptr<Vae> (*make)(const WeightSource& src, const LoadOptions& opt);
+  ChunkRules (*chunks)(int64_t temporal_factor);
+};
+
+std::span<const Family> families();
+
+// The family of `src`: its config's class, else __metadata__ "family", else the first family that recognises the
+// tensor names (which may rename them). Throws ModelError naming what was found and what is supported.
+const Family& detect_family(WeightSource& src);
+
+// ---- the rows' functions, one file per family ---------------------------------------------------------------
+
+// vae/wan.cpp, vae/wan_original_keys.cpp
+std::shared_ptr<Vae> make_wan(const WeightSource& src, const LoadOptions& opt);
+bool recognise_wan(WeightSource& src);
+ChunkRules wan_chunks(int64_t temporal_factor);
+// True when the tensors use the original Wan 2.1 checkpoint names (Wan2.1_VAE.pth, ComfyUI); renames them to
+// the diffusers names in place.
+bool rename_original_wan_keys(WeightSource& src);
+
+// vae/cogvideox.cpp
+std::shared_ptr<Vae> make_cogvideox(const WeightSource& src, const LoadOptions& opt);
+bool recognise_cogvideox(WeightSource& src);
+ChunkRules cogvideox_chunks(int64_t temporal_factor);
+
+}  // namespace latent
