@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
 #include "latent/streaming.h"
@@ -161,38 +162,34 @@ void reset_clip(Impl& s) {
   s.discont = true;
 }
 
-GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
+GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   auto* self = GST_VAE_ENCODE(parent);
   Impl& s = *self->impl;
+  latent::gst::BufferPtr buf(buffer);
   if (!s.have_video || !s.encoder) {
-    gst_buffer_unref(buf);
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first frame."), (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
   GstFlowReturn ret = GST_FLOW_OK;
-  if (GST_BUFFER_IS_DISCONT(buf) && s.encoder->frames_in() > 0) {
+  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.encoder->frames_in() > 0) {
     // A gap in the input ends the clip: what was pending is encoded, the caches start afresh.
     ret = drain(self);
-    if (ret != GST_FLOW_OK) {
-      gst_buffer_unref(buf);
-      return ret;
-    }
+    if (ret != GST_FLOW_OK) return ret;
     s.discont = true;
   }
-  GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, &s.video, buf, GST_MAP_READ)) {
-    gst_buffer_unref(buf);
+  latent::gst::VideoFrameMap frame(&s.video, buf.get(), GST_MAP_READ);
+  if (!frame) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("A buffer does not hold a whole frame of the negotiated caps."),
-                      (nullptr));
+                      ("buffer %" GST_PTR_FORMAT, buf.get()));
     return GST_FLOW_ERROR;
   }
-  bool mapped = true;
   try {
-    torch::Tensor x = latent::gst::frame_to_tensor(&frame, s.model->device()).unsqueeze(0);
-    gst_video_frame_unmap(&frame);
-    mapped = false;
-    s.times.push_back({GST_BUFFER_PTS(buf), GST_BUFFER_DURATION(buf)});
+    torch::Tensor x = latent::gst::frame_to_tensor(frame.get(), s.model->device()).unsqueeze(0);
+    // The pixels are copied: upstream gets its buffer back before the model runs.
+    frame.release();
+    s.times.push_back({GST_BUFFER_PTS(buf.get()), GST_BUFFER_DURATION(buf.get())});
     if (!GST_CLOCK_TIME_IS_VALID(s.times.back().duration)) s.times.back().duration = frame_duration(s);
+    buf.reset();
     s.next_source++;
     s.frames++;
     auto t0 = std::chrono::steady_clock::now();
@@ -203,11 +200,9 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
     }
     ret = push_latents(self, out);
   } catch (const std::exception& e) {
-    if (mapped) gst_video_frame_unmap(&frame);
     latent::gst::post_exception(GST_ELEMENT(self), "encoding", e);
     ret = GST_FLOW_ERROR;
   }
-  gst_buffer_unref(buf);
   return ret;
 }
 
