@@ -207,6 +207,11 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Invalid latent caps: %s", why.c_str()), ("%" GST_PTR_FORMAT, caps));
     return false;
   }
+  // Upstream may send its caps again unchanged; only a real change may end the clip and reset the caches.
+  if (s.in && *s.in == *info) {
+    GST_DEBUG_OBJECT(self, "caps unchanged: %" GST_PTR_FORMAT, caps);
+    return true;
+  }
   const latent::VaeSpec& spec = s.model->spec();
   // A latent stream is tied to its model like a bitstream to its codec.
   if (info->model != spec.model_id || info->channels != spec.latent_channels ||

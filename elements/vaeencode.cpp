@@ -213,6 +213,11 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Cannot read the video caps."), ("%" GST_PTR_FORMAT, caps));
     return false;
   }
+  // Upstream may send its caps again unchanged; only a real change may end the clip and reset the caches.
+  if (s.have_video && gst_video_info_is_equal(&info, &s.video)) {
+    GST_DEBUG_OBJECT(self, "caps unchanged: %" GST_PTR_FORMAT, caps);
+    return true;
+  }
   try {
     s.model->check_frame_size(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info));
   } catch (const std::exception& e) {

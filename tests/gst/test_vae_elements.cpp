@@ -568,6 +568,27 @@ GST_START_TEST(test_decode_failure_after_the_latent_is_released) {
 }
 GST_END_TEST;
 
+GST_START_TEST(test_encoder_ignores_identical_caps) {
+  // 11 frames: latents for frames 0, 1-4, 5-8 and 9-10 (padded). The caps come again after frame 6, mid-chunk.
+  Out plain, resent;
+  encode_pictures(kRgbCaps, 11, plain);
+  encode_pictures(kRgbCaps, 11, resent, 0, 0, 7);
+  fail_unless_equals_int(plain.buffers.size(), 4);
+  expect_same_buffers(resent, plain, "identical caps mid-clip");
+}
+GST_END_TEST;
+
+GST_START_TEST(test_decoder_ignores_identical_caps) {
+  Out latents;
+  encode_pictures(kRgbCaps, 11, latents);
+  Out plain, resent;
+  decode_latents(latents, plain);
+  decode_latents(latents, resent, 2);
+  fail_unless_equals_int(plain.buffers.size(), 11);
+  expect_same_buffers(resent, plain, "identical caps mid-clip");
+}
+GST_END_TEST;
+
 static Suite* vae_suite() {
   Suite* s = suite_create("vae-elements");
   TCase* tc = tcase_create("vae");
@@ -577,6 +598,8 @@ static Suite* vae_suite() {
   tcase_set_timeout(harness, 300);
   suite_add_tcase(s, harness);
   tcase_add_test(harness, test_decode_failure_after_the_latent_is_released);
+  tcase_add_test(harness, test_encoder_ignores_identical_caps);
+  tcase_add_test(harness, test_decoder_ignores_identical_caps);
   if (fixtures().empty() || !fs::exists(fixtures() + "/stamp")) {
     g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
     return s;
