@@ -278,6 +278,16 @@ gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
   return gst_pad_event_default(pad, parent, event);
 }
 
+gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  if (GST_QUERY_TYPE(query) == GST_QUERY_ALLOCATION) {
+    // Frames are read through GstVideoFrame, which follows a GstVideoMeta's strides and plane offsets: upstream
+    // can hand over padded buffers as they are instead of copying them into the default layout.
+    gst_query_add_allocation_meta(query, GST_VIDEO_META_API_TYPE, nullptr);
+    return TRUE;
+  }
+  return gst_pad_query_default(pad, parent, query);
+}
+
 gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
   auto* self = GST_VAE_ENCODE(parent);
   if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
@@ -420,6 +430,7 @@ static void gst_vae_encode_init(GstVaeEncode* self) {
   self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
   gst_pad_set_chain_function(self->sinkpad, chain);
   gst_pad_set_event_function(self->sinkpad, sink_event);
+  gst_pad_set_query_function(self->sinkpad, sink_query);
   gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
   self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
   gst_pad_set_query_function(self->srcpad, src_query);

@@ -589,6 +589,38 @@ GST_START_TEST(test_decoder_ignores_identical_caps) {
 }
 GST_END_TEST;
 
+GST_START_TEST(test_padded_rows_and_planes_encode_like_tight_ones) {
+  for (const char* format : {"RGB", "BGRx", "xBGR", "I420", "NV12"}) {
+    const std::string caps = std::string("video/x-raw,format=") + format + ",width=64,height=48,framerate=24/1";
+    Out tight, padded, undescribed;
+    encode_pictures(caps.c_str(), 5, tight);
+    encode_pictures(caps.c_str(), 5, padded, 36, 200);
+    fail_unless_equals_int(tight.buffers.size(), 2);
+    expect_same_buffers(padded, tight, format);
+    // The same bytes without their GstVideoMeta are read in the default layout, as another picture: the
+    // comparison above does see where rows and planes start.
+    encode_pictures(caps.c_str(), 5, undescribed, 36, 200, -1, false);
+    fail_unless_equals_int(undescribed.buffers.size(), 2);
+    fail_if(same_bytes(undescribed.buffers[1], tight.buffers[1]), "%s: the layout makes no difference", format);
+  }
+}
+GST_END_TEST;
+
+GST_START_TEST(test_allocation_query_offers_video_meta) {
+  GstHarness* h = gst_harness_new("vaeencode");
+  gst_harness_set_src_caps_str(h, kRgbCaps);
+  GstCaps* caps = gst_caps_from_string(kRgbCaps);
+  GstQuery* query = gst_query_new_allocation(caps, TRUE);
+  gst_caps_unref(caps);
+  fail_unless(gst_pad_peer_query(h->srcpad, query), "vaeencode does not answer the ALLOCATION query");
+  guint index = 0;
+  fail_unless(gst_query_find_allocation_meta(query, GST_VIDEO_META_API_TYPE, &index),
+              "the ALLOCATION answer does not list GstVideoMeta");
+  gst_query_unref(query);
+  gst_harness_teardown(h);
+}
+GST_END_TEST;
+
 static Suite* vae_suite() {
   Suite* s = suite_create("vae-elements");
   TCase* tc = tcase_create("vae");
@@ -600,6 +632,8 @@ static Suite* vae_suite() {
   tcase_add_test(harness, test_decode_failure_after_the_latent_is_released);
   tcase_add_test(harness, test_encoder_ignores_identical_caps);
   tcase_add_test(harness, test_decoder_ignores_identical_caps);
+  tcase_add_test(harness, test_padded_rows_and_planes_encode_like_tight_ones);
+  tcase_add_test(harness, test_allocation_query_offers_video_meta);
   if (fixtures().empty() || !fs::exists(fixtures() + "/stamp")) {
     g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
     return s;
