@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_map.h"
 #include "elements.h"
 #include "latent/io/safetensors.h"
 #include "latent_caps.h"
@@ -192,22 +193,22 @@ GstFlowReturn render_frame(GstLatentFileSink* self, GstBuffer* buffer) {
   }
   if (!st.writer && !open_file(self)) return GST_FLOW_ERROR;
 
-  GstMapInfo map;
-  if (!gst_buffer_map(buffer, &map, GST_MAP_READ)) {
-    GST_ELEMENT_ERROR(self, RESOURCE, READ, ("Could not map a latent buffer for reading."), (nullptr));
-    return GST_FLOW_ERROR;
+  {
+    latent::gst::BufferMap map(buffer, GST_MAP_READ);
+    if (!map) {
+      GST_ELEMENT_ERROR(self, RESOURCE, READ, ("Could not map a latent buffer for reading."), (nullptr));
+      return GST_FLOW_ERROR;
+    }
+    try {
+      st.writer->append(keys::kLatents, latent::gst::frame_tensor_view(info, map.info()).unsqueeze(0));
+    } catch (const std::exception& e) {
+      GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
+                        ("Could not write to latent file \"%s\": %s", st.path.c_str(), reason(e, st.path).c_str()),
+                        ("%s", e.what()));
+      st.drop_file();
+      return GST_FLOW_ERROR;
+    }
   }
-  try {
-    st.writer->append(keys::kLatents, latent::gst::frame_tensor_view(info, map).unsqueeze(0));
-  } catch (const std::exception& e) {
-    gst_buffer_unmap(buffer, &map);
-    GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
-                      ("Could not write to latent file \"%s\": %s", st.path.c_str(), reason(e, st.path).c_str()),
-                      ("%s", e.what()));
-    st.drop_file();
-    return GST_FLOW_ERROR;
-  }
-  gst_buffer_unmap(buffer, &map);
 
   LatentFrameStamp stamp = latent::gst::read_stamp(buffer);
   st.timing.insert(st.timing.end(), {stamp.pts, stamp.duration, stamp.first_frame, stamp.end_frame});

@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 
+#include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
 #include "latent/vae/streaming.h"
@@ -108,22 +109,24 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
       }
     }
     s.emitted_of_front++;
-    GstBuffer* buf = gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&s.out), nullptr);
-    GstVideoFrame vf;
-    if (!gst_video_frame_map(&vf, &s.out, buf, GST_MAP_WRITE)) {
-      gst_buffer_unref(buf);
-      return GST_FLOW_ERROR;
+    latent::gst::BufferPtr buf(gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&s.out), nullptr));
+    {
+      latent::gst::VideoFrameMap frame(&s.out, buf.get(), GST_MAP_WRITE);
+      if (!frame) {
+        GST_ELEMENT_ERROR(self, RESOURCE, FAILED, ("Cannot map an output frame for writing."),
+                          ("%" G_GSIZE_FORMAT " bytes", GST_VIDEO_INFO_SIZE(&s.out)));
+        return GST_FLOW_ERROR;
+      }
+      latent::gst::rgb8_to_frame(rgb[i], frame.get());
     }
-    latent::gst::rgb8_to_frame(rgb[i], &vf);
-    gst_video_frame_unmap(&vf);
-    GST_BUFFER_PTS(buf) = pts;
-    GST_BUFFER_DURATION(buf) = dur;
+    GST_BUFFER_PTS(buf.get()) = pts;
+    GST_BUFFER_DURATION(buf.get()) = dur;
     if (s.discont) {
-      GST_BUFFER_FLAG_SET(buf, GST_BUFFER_FLAG_DISCONT);
+      GST_BUFFER_FLAG_SET(buf.get(), GST_BUFFER_FLAG_DISCONT);
       s.discont = false;
     }
     s.frames++;
-    GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
+    GstFlowReturn ret = gst_pad_push(self->srcpad, buf.release());
     if (ret != GST_FLOW_OK) return ret;
   }
   return GST_FLOW_OK;
@@ -153,39 +156,36 @@ GstFlowReturn drain(GstVaeDecode* self) {
   return ret;
 }
 
-GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
+GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   auto* self = GST_VAE_DECODE(parent);
   Impl& s = *self->impl;
+  latent::gst::BufferPtr buf(buffer);
   if (!s.in || !s.decoder) {
-    gst_buffer_unref(buf);
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first latent."), (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
   GstFlowReturn ret = GST_FLOW_OK;
-  if (GST_BUFFER_IS_DISCONT(buf) && s.decoder->latents_in() > 0) {
+  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.decoder->latents_in() > 0) {
     ret = drain(self);
-    if (ret != GST_FLOW_OK) {
-      gst_buffer_unref(buf);
-      return ret;
-    }
+    if (ret != GST_FLOW_OK) return ret;
   }
-  GstMapInfo map;
-  if (!gst_buffer_map(buf, &map, GST_MAP_READ)) {
-    gst_buffer_unref(buf);
-    GST_ELEMENT_ERROR(self, STREAM, DECODE, ("Cannot read a latent buffer."), (nullptr));
+  latent::gst::BufferMap map(buf.get(), GST_MAP_READ);
+  if (!map) {
+    GST_ELEMENT_ERROR(self, STREAM, DECODE, ("Cannot read a latent buffer."), ("buffer %" GST_PTR_FORMAT, buf.get()));
     return GST_FLOW_ERROR;
   }
   try {
     // The first latent of a clip stands for 1 frame, the others for temporal-factor frames; the buffer's
     // offsets say how many of those are real (fewer at the padded end of a clip).
-    torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map).unsqueeze(0);
-    LatentFrameStamp stamp = latent::gst::read_stamp(buf);
+    torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).unsqueeze(0);
+    LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
     const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
     const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
     s.pending.push_back({stamp.pts, stamp.first_frame, real});
     auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor frames = s.decoder->push(z, {real});  // copies z to the device before the map goes away
-    gst_buffer_unmap(buf, &map);
+    torch::Tensor frames = s.decoder->push(z, {real});  // copies z, so the latent can go back upstream
+    map.release();
+    buf.reset();
     s.latents++;
     if (frames.defined()) {
       s.stats.add(std::chrono::steady_clock::now() - t0);
@@ -193,11 +193,9 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
     }
     ret = push_frames(self, frames);
   } catch (const std::exception& e) {
-    gst_buffer_unmap(buf, &map);
     latent::gst::post_exception(GST_ELEMENT(self), "decoding", e);
     ret = GST_FLOW_ERROR;
   }
-  gst_buffer_unref(buf);
   return ret;
 }
 
@@ -208,6 +206,11 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
   if (!info) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Invalid latent caps: %s", why.c_str()), ("%" GST_PTR_FORMAT, caps));
     return false;
+  }
+  // Upstream may send its caps again unchanged; only a real change may end the clip and reset the caches.
+  if (s.in && *s.in == *info) {
+    GST_DEBUG_OBJECT(self, "caps unchanged: %" GST_PTR_FORMAT, caps);
+    return true;
   }
   const latent::VaeSpec& spec = s.model->spec();
   // A latent stream is tied to its model like a bitstream to its codec.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
 #include "latent/vae/streaming.h"
@@ -161,38 +162,34 @@ void reset_clip(Impl& s) {
   s.discont = true;
 }
 
-GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
+GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   auto* self = GST_VAE_ENCODE(parent);
   Impl& s = *self->impl;
+  latent::gst::BufferPtr buf(buffer);
   if (!s.have_video || !s.encoder) {
-    gst_buffer_unref(buf);
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first frame."), (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
   GstFlowReturn ret = GST_FLOW_OK;
-  if (GST_BUFFER_IS_DISCONT(buf) && s.encoder->frames_in() > 0) {
+  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.encoder->frames_in() > 0) {
     // A gap in the input ends the clip: what was pending is encoded, the caches start afresh.
     ret = drain(self);
-    if (ret != GST_FLOW_OK) {
-      gst_buffer_unref(buf);
-      return ret;
-    }
+    if (ret != GST_FLOW_OK) return ret;
     s.discont = true;
   }
-  GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, &s.video, buf, GST_MAP_READ)) {
-    gst_buffer_unref(buf);
+  latent::gst::VideoFrameMap frame(&s.video, buf.get(), GST_MAP_READ);
+  if (!frame) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("A buffer does not hold a whole frame of the negotiated caps."),
-                      (nullptr));
+                      ("buffer %" GST_PTR_FORMAT, buf.get()));
     return GST_FLOW_ERROR;
   }
-  bool mapped = true;
   try {
-    torch::Tensor x = latent::gst::frame_to_tensor(&frame, s.model->device()).unsqueeze(0);
-    gst_video_frame_unmap(&frame);
-    mapped = false;
-    s.times.push_back({GST_BUFFER_PTS(buf), GST_BUFFER_DURATION(buf)});
+    torch::Tensor x = latent::gst::frame_to_tensor(frame.get(), s.model->device()).unsqueeze(0);
+    // The pixels are copied: upstream gets its buffer back before the model runs.
+    frame.release();
+    s.times.push_back({GST_BUFFER_PTS(buf.get()), GST_BUFFER_DURATION(buf.get())});
     if (!GST_CLOCK_TIME_IS_VALID(s.times.back().duration)) s.times.back().duration = frame_duration(s);
+    buf.reset();
     s.next_source++;
     s.frames++;
     auto t0 = std::chrono::steady_clock::now();
@@ -203,11 +200,9 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buf) {
     }
     ret = push_latents(self, out);
   } catch (const std::exception& e) {
-    if (mapped) gst_video_frame_unmap(&frame);
     latent::gst::post_exception(GST_ELEMENT(self), "encoding", e);
     ret = GST_FLOW_ERROR;
   }
-  gst_buffer_unref(buf);
   return ret;
 }
 
@@ -217,6 +212,11 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
   if (!gst_video_info_from_caps(&info, caps)) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Cannot read the video caps."), ("%" GST_PTR_FORMAT, caps));
     return false;
+  }
+  // Upstream may send its caps again unchanged; only a real change may end the clip and reset the caches.
+  if (s.have_video && gst_video_info_is_equal(&info, &s.video)) {
+    GST_DEBUG_OBJECT(self, "caps unchanged: %" GST_PTR_FORMAT, caps);
+    return true;
   }
   try {
     s.model->check_frame_size(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info));
@@ -276,6 +276,16 @@ gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
     default: break;
   }
   return gst_pad_event_default(pad, parent, event);
+}
+
+gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  if (GST_QUERY_TYPE(query) == GST_QUERY_ALLOCATION) {
+    // Frames are read through GstVideoFrame, which follows a GstVideoMeta's strides and plane offsets: upstream
+    // can hand over padded buffers as they are instead of copying them into the default layout.
+    gst_query_add_allocation_meta(query, GST_VIDEO_META_API_TYPE, nullptr);
+    return TRUE;
+  }
+  return gst_pad_query_default(pad, parent, query);
 }
 
 gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
@@ -420,6 +430,7 @@ static void gst_vae_encode_init(GstVaeEncode* self) {
   self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
   gst_pad_set_chain_function(self->sinkpad, chain);
   gst_pad_set_event_function(self->sinkpad, sink_event);
+  gst_pad_set_query_function(self->sinkpad, sink_query);
   gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
   self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
   gst_pad_set_query_function(self->srcpad, src_query);

@@ -556,6 +556,42 @@ GST_START_TEST(test_caps_change_starts_a_new_file) {
 }
 GST_END_TEST;
 
+GST_START_TEST(test_identical_caps_keep_one_file) {
+  TempDir dir;
+  std::string plain = dir.file("one.safetensors");
+  GstElement* sink = gst_element_factory_make("latentfilesink", nullptr);
+  g_object_set(sink, "location", plain.c_str(), nullptr);
+  GstHarness* h = gst_harness_new_with_element(sink, "sink", nullptr);
+  gst_object_unref(sink);
+  gst_harness_set_src_caps_str(h, caps_string().c_str());
+  auto frames = make_frames(caps_string(), 4);
+  for (int i = 0; i < 4; ++i) {
+    if (i == 2) {
+      // The same caps again, written with their fields in another order: equal caps, so the same file.
+      GstCaps* same = gst_caps_from_string(
+          "video/x-latent, video-framerate=(fraction)24/1, video-height=(int)48, video-width=(int)64, "
+          "spatial-factor=(int)8, temporal-factor=(int)4, framerate=(fraction)6/1, height=(int)6, width=(int)8, "
+          "channels=(int)4, format=(string)F32, model=(string)tiny");
+      GstCaps* current = gst_pad_get_current_caps(h->srcpad);
+      fail_unless(gst_caps_is_equal(same, current));
+      gst_caps_unref(current);
+      fail_unless(gst_harness_push_event(h, gst_event_new_caps(same)));
+      gst_caps_unref(same);
+    }
+    fail_unless_equals_int(gst_harness_push(h, make_buffer(frames[i])), GST_FLOW_OK);
+  }
+  fail_unless(gst_harness_push_event(h, gst_event_new_eos()));
+  guint written = 0;
+  g_object_get(h->element, "files-written", &written, nullptr);
+  gst_harness_teardown(h);
+  fail_unless_equals_int(written, 1);
+  fail_unless(dir.entries() == std::vector<std::string>{"one.safetensors"});
+  ReadBack r = read_stream(plain);
+  fail_unless(r.run.eos, "read failed: %s", r.run.message.c_str());
+  expect_same_frames(r.frames, frames);
+}
+GST_END_TEST;
+
 GST_START_TEST(test_sink_errors) {
   TempDir dir;
   std::string missing_dir = dir.file("no-such-dir");
@@ -702,6 +738,7 @@ static Suite* latentfile_suite() {
   tcase_add_test(tc, test_stop_without_eos_commits);
   tcase_add_test(tc, test_flush_abandons_only_the_unfinished_file);
   tcase_add_test(tc, test_caps_change_starts_a_new_file);
+  tcase_add_test(tc, test_identical_caps_keep_one_file);
   tcase_add_test(tc, test_sink_errors);
   tcase_add_test(tc, test_sink_write_failure_keeps_committed_files);
   tcase_add_test(tc, test_src_missing_and_corrupt_files);
