@@ -65,7 +65,9 @@ Residency settle_residency(const WeightSource& source) {
   if (source.mapped.empty()) return out;
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   std::vector<PageRange> kept, dropped;
-  for (const auto& [name, t] : source.tensors) {
+  for (const auto& entry : source.tensors) {
+    // Not a structured binding: the lambda below captures it, which clang 14 (the fuzz build) refuses.
+    const torch::Tensor& t = entry.second;
     if (!t.defined() || !t.device().is_cpu() || t.nbytes() == 0) continue;
     const auto* data = static_cast<const std::byte*>(t.data_ptr());
     const bool in_mapping = std::any_of(source.mapped.begin(), source.mapped.end(), [&](const auto& m) {
