@@ -66,7 +66,7 @@ uint64_t u64(const std::byte* p) {
   return v;
 }
 
-std::string quoted(std::string_view s) {
+std::string printable(std::string_view s) {
   std::string out = "'";
   for (char c : s.substr(0, 200)) {
     if (c >= 0x20 && c < 0x7f) {
@@ -159,12 +159,12 @@ void apply_zip64_extra(std::span<const std::byte> extra, uint64_t& uncompressed,
   while (p + 4 <= extra.size()) {
     const uint16_t id = u16(extra.data() + p), size = u16(extra.data() + p + 2);
     p += 4;
-    if (size > extra.size() - p) fail(label, "zip entry " + quoted(name) + ": extra field runs past its entry");
+    if (size > extra.size() - p) fail(label, "zip entry " + printable(name) + ": extra field runs past its entry");
     if (id == 0x0001) {
       size_t q = p;
       for (uint64_t* field : {&uncompressed, &compressed, &local_offset}) {
         if (*field != 0xffffffff) continue;
-        if (q + 8 > p + size) fail(label, "zip entry " + quoted(name) + ": zip64 extra field is too short");
+        if (q + 8 > p + size) fail(label, "zip entry " + printable(name) + ": zip64 extra field is too short");
         *field = u64(extra.data() + q);
         q += 8;
       }
@@ -220,7 +220,7 @@ Archive read_archive(std::span<const std::byte> file, std::string_view label) {
                       label);
     p += total;
 
-    const std::string entry = "zip entry " + quoted(name);
+    const std::string entry = "zip entry " + printable(name);
     if (name.empty()) fail(label, where + " has an empty name");
     if (flags & 0x1) fail(label, entry + " is encrypted");
     if (method != 0) {
@@ -253,7 +253,7 @@ Archive read_archive(std::span<const std::byte> file, std::string_view label) {
     const size_t slash = name.find('/');
     if (slash == std::string::npos || slash == 0 || name.substr(slash + 1) != "data.pkl") continue;
     if (!a.folder.empty())
-      fail(label, "zip archive holds two pickles, " + quoted(a.folder + "/data.pkl") + " and " + quoted(name));
+      fail(label, "zip archive holds two pickles, " + printable(a.folder + "/data.pkl") + " and " + printable(name));
     a.folder = name.substr(0, slash);
   }
   if (a.folder.empty()) fail(label, "zip archive has no <folder>/data.pkl entry: not a torch.save checkpoint");
@@ -298,6 +298,7 @@ enum class Callable : uint8_t {
   TypedStorage,    // torch.<X>Storage: only a tag inside a persistent id
   UntypedStorage,  // likewise, bytes
   DtypeObject,     // torch.<dtype>: an argument of _rebuild_tensor_v3
+  CodecsEncode,    // _codecs.encode(str, 'latin1'): how protocol 2 pickles a bytes object
 };
 
 // Containers, strings and tensors live in the machine's pools and values refer to them by index. Nothing is
@@ -572,6 +573,7 @@ class Machine {
 Value Machine::global(std::string_view module, std::string_view name) {
   auto make = [](Callable c, Dtype d = Dtype::F32) { return Value{Kind::Global, uint8_t(c), 0, int64_t(d)}; };
   if (module == "collections" && name == "OrderedDict") return make(Callable::OrderedDict);
+  if (module == "_codecs" && name == "encode") return make(Callable::CodecsEncode);
   if (module == "torch._utils") {
     if (name == "_rebuild_tensor_v2") return make(Callable::RebuildTensorV2);
     if (name == "_rebuild_tensor_v3") return make(Callable::RebuildTensorV3);
@@ -586,7 +588,7 @@ Value Machine::global(std::string_view module, std::string_view name) {
       if (name == d.name) return make(Callable::DtypeObject, d.dtype);
     }
   }
-  error("global " + quoted(std::string(module) + "." + std::string(name)) +
+  error("global " + printable(std::string(module) + "." + std::string(name)) +
         " refused: a checkpoint is read as a dict of tensors, and naming any other callable is how a pickle runs "
         "code (this may be a malicious file; if it is not, convert it to safetensors in Python)");
 }
@@ -622,23 +624,23 @@ Value Machine::persistent_load(const Value& pid) {
   const std::string& key = str(t[2]);
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(uint64_t(numel), dtype_size(dtype), &bytes))
-    error("storage " + quoted(key) + " of " + std::to_string(numel) + " elements overflows a 64-bit byte count");
+    error("storage " + printable(key) + " of " + std::to_string(numel) + " elements overflows a 64-bit byte count");
 
   if (auto it = storage_by_key_.find(key); it != storage_by_key_.end()) {
     const StorageValue& s = storages_[it->second];
     if (s.dtype != dtype || s.numel != uint64_t(numel))
-      error("storage " + quoted(key) + " is declared twice with different types or sizes");
+      error("storage " + printable(key) + " is declared twice with different types or sizes");
     return Value{Kind::Storage, 0, it->second, 0};
   }
   Record record{};
   if (const Record* r = archive_.find("data/" + key)) {
     record = *r;
   } else if (numel != 0) {
-    error("storage " + quoted(key) + " has no record data/" + key + " in the archive: the file is damaged");
+    error("storage " + printable(key) + " has no record data/" + key + " in the archive: the file is damaged");
   }
   if (record.size != bytes) {
-    error("storage " + quoted(key) + " declares " + std::to_string(numel) + " elements of " + dtype_name(dtype) + " (" +
-          std::to_string(bytes) + " bytes) but its record holds " + std::to_string(record.size) + " bytes");
+    error("storage " + printable(key) + " declares " + std::to_string(numel) + " elements of " + dtype_name(dtype) +
+          " (" + std::to_string(bytes) + " bytes) but its record holds " + std::to_string(record.size) + " bytes");
   }
   count();
   storages_.push_back({t[2].ref, dtype, uint64_t(numel), record});
@@ -695,7 +697,7 @@ Value Machine::rebuild_tensor(std::span<const Value> args, bool v3) {
       error("tensor of " + std::string(dtype_name(dtype)) + " [" + shape + "] at storage offset " +
             std::to_string(offset) + " reaches " +
             (overflow ? "past 2^64 bytes" : std::to_string(end_byte) + " bytes") + ", beyond its storage " +
-            quoted(t.storage) + " of " + std::to_string(storage_bytes) + " bytes");
+            printable(t.storage) + " of " + std::to_string(storage_bytes) + " bytes");
     }
     t.extent_bytes = end_byte - first_byte;
   }
@@ -721,6 +723,11 @@ Value Machine::call(const Value& callable, const Value& args_value) {
         error("_rebuild_parameter needs (tensor, requires_grad, hooks[, state])");
       return args[0];
     }
+    case Callable::CodecsEncode:
+      if (args.size() != 2 || args[0].kind != Kind::String || args[1].kind != Kind::String || str(args[1]) != "latin1")
+        error("_codecs.encode needs (str, 'latin1')");
+      // Only ever skipped, so the text stands in for its encoding.
+      return Value{Kind::Bytes, 0, args[0].ref, 0};
     case Callable::TypedStorage:
     case Callable::UntypedStorage:
     case Callable::DtypeObject: break;
@@ -737,7 +744,7 @@ Checkpoint Machine::result(Value root) {
       root = d.items[it->second].second;
   }
   if (root.kind != Kind::Dict)
-    fail(label_, std::string("checkpoint holds ") + kind_name(root.kind) + ", not a dict of tensors");
+    fail(label_, std::string("the pickled object is ") + kind_name(root.kind) + ", not a dict of tensors");
   Checkpoint out;
   for (const auto& [key, value] : dicts_[root.ref].items) {
     if (key.kind != Kind::String || value.kind != Kind::Tensor) continue;
@@ -747,7 +754,7 @@ Checkpoint Machine::result(Value root) {
     out.storages.try_emplace(t.storage, Storage{t.storage, s.dtype, s.numel, s.record});
     out.tensors.push_back(std::move(t));
   }
-  if (out.tensors.empty()) fail(label_, "checkpoint holds no tensors");
+  if (out.tensors.empty()) fail(label_, "no tensors in the checkpoint's dict");
   return out;
 }
 
@@ -906,7 +913,7 @@ Checkpoint parse(std::span<const std::byte> file, std::string_view label) {
   if (const Record* r = archive.find("byteorder")) {
     const std::string_view order(reinterpret_cast<const char*>(file.data() + r->offset), r->size);
     if (order == "big") fail(label, "checkpoint was saved on a big-endian machine; only little-endian is read");
-    if (order != "little") fail(label, "byteorder record holds " + quoted(order) + ", not 'little' or 'big'");
+    if (order != "little") fail(label, "byteorder record holds " + printable(order) + ", not 'little' or 'big'");
   }
   const Record* pkl = archive.find("data.pkl");
   return read_pickle(file.subspan(pkl->offset, pkl->size), archive, label);
