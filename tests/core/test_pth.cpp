@@ -475,7 +475,11 @@ TEST_F(Pth, BoundsNestingStackAndMemo) {
   dicts += std::string(100'000, 's');
   expect_has(pickle_error(Pickle().raw(dicts).done()), "no tensors in the checkpoint's dict");
   // A list holding itself through the memo.
-  expect_has(pickle_error(Pickle().raw("]q\x00h\x00" "a"s).done()), "the pickled object is a list");
+  expect_has(pickle_error(Pickle()
+                              .raw("]q\x00h\x00"
+                                   "a"s)
+                              .done()),
+             "the pickled object is a list");
   expect_has(pickle_error(Pickle().raw(std::string(pth::kMaxMarks + 1, '(')).done()),
              "MARK (0x28) at offset 258: more than 256 nested MARKs");
   expect_has(pickle_error(Pickle().raw(std::string(pth::kMaxStack + 1, 'N')).done()),
@@ -483,6 +487,14 @@ TEST_F(Pth, BoundsNestingStackAndMemo) {
   // Memo indices far apart cost one entry each (torch::pickle_load reserved 4.6 GB for 0x10000000).
   expect_has(pickle_error(Pickle().raw("}r\x00\x00\x00\x10r\xff\xff\xff\x7f"s).done()), "no tensors");
   expect_has(pickle_error(Pickle().raw("]h\x05").done()), "BINGET (0x68) at offset 3: memo entry 5 was never stored");
+  // One tensor under ever more names: each name is a descriptor, so their number is bounded too.
+  Pickle many;
+  many.raw("}(").str("t0").tensor("0", 6, {6}, {1}).raw("r\1\0\0\0"s);
+  for (size_t i = 1; i <= pth::kMaxTensors; ++i) many.str("t" + std::to_string(i)).raw("j\1\0\0\0"s);
+  expect_has(pickle_error(many.raw("u").done()), "t.pth: more than 131072 tensors");
+  // A storage key is a number in torch.save's archives; a long one would be copied into every descriptor.
+  expect_has(pickle_error(Pickle().raw("}(").str("w").tensor(std::string(300, '7'), 6, {6}, {1}).raw("u").done()),
+             "storage key of 300 bytes, above 256");
   EXPECT_LT(latent::testing::rss_mib() - before, 256);
 }
 

@@ -314,7 +314,7 @@ static_assert(sizeof(Value) == 16);
 
 struct Dict {
   std::vector<std::pair<Value, Value>> items;
-  std::unordered_map<std::string_view, size_t> by_name;  // string keys -> item, so a repeated key replaces
+  std::unordered_map<uint32_t, size_t> by_name;  // interned string key -> item, so a repeated key replaces
 };
 
 struct StorageValue {
@@ -447,11 +447,17 @@ class Machine {
     built_ += n;
     if (built_ > kMaxValues) error("pickle builds more than " + std::to_string(kMaxValues) + " values");
   }
+  // Text is interned: equal strings share one index, so dict keys and storage keys compare in constant time
+  // however long they are and however often a pickle repeats them.
   Value make_string(Kind kind, uint64_t size) {
-    const std::byte* p = take(size);
+    const std::string_view text(reinterpret_cast<const char*>(take(size)), size);
+    if (kind == Kind::String)
+      if (auto it = interned_.find(text); it != interned_.end()) return Value{kind, 0, it->second, 0};
     count();
-    strings_.emplace_back(reinterpret_cast<const char*>(p), size);
-    return Value{kind, 0, uint32_t(strings_.size() - 1), 0};
+    strings_.emplace_back(text);
+    const uint32_t ref = uint32_t(strings_.size() - 1);
+    if (kind == Kind::String) interned_.emplace(strings_.back(), ref);
+    return Value{kind, 0, ref, 0};
   }
   Value make_int(int64_t v) { return Value{Kind::Int, 0, 0, v}; }
   Value make_tuple(std::span<const Value> items) {
@@ -479,7 +485,7 @@ class Machine {
   void set_item(Value dict, Value key, Value value) {
     Dict& d = dicts_[dict.ref];
     if (key.kind == Kind::String) {
-      auto [it, added] = d.by_name.emplace(str(key), d.items.size());
+      auto [it, added] = d.by_name.emplace(key.ref, d.items.size());
       if (!added) {
         d.items[it->second].second = value;
         return;
@@ -560,14 +566,16 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Value> memo_;
 
-  std::deque<std::string> strings_;  // a deque: Dict::by_name views them, so they must not move
+  std::deque<std::string> strings_;  // a deque: interned_ views them, so they must not move
+  std::unordered_map<std::string_view, uint32_t> interned_;
   std::vector<TupleSpan> tuples_;
   std::vector<Value> tuple_items_;
   std::vector<std::vector<Value>> lists_;
   std::deque<Dict> dicts_;
   std::vector<StorageValue> storages_;
-  std::map<std::string, uint32_t, std::less<>> storage_by_key_;
+  std::unordered_map<uint32_t, uint32_t> storage_by_key_;  // interned key -> storages_ index
   std::vector<Tensor> tensors_;
+  std::vector<uint32_t> tensor_storage_;  // storages_ index of each of tensors_
 };
 
 Value Machine::global(std::string_view module, std::string_view name) {
@@ -622,11 +630,14 @@ Value Machine::persistent_load(const Value& pid) {
   const int64_t numel = as_int(t[4], "storage size");
   if (numel < 0) error("storage size " + std::to_string(numel) + " is negative");
   const std::string& key = str(t[2]);
+  // torch.save numbers its storages; a long key only makes every tensor descriptor that copies it larger.
+  if (key.size() > kMaxStorageKey)
+    error("storage key of " + std::to_string(key.size()) + " bytes, above " + std::to_string(kMaxStorageKey));
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(uint64_t(numel), dtype_size(dtype), &bytes))
     error("storage " + printable(key) + " of " + std::to_string(numel) + " elements overflows a 64-bit byte count");
 
-  if (auto it = storage_by_key_.find(key); it != storage_by_key_.end()) {
+  if (auto it = storage_by_key_.find(t[2].ref); it != storage_by_key_.end()) {
     const StorageValue& s = storages_[it->second];
     if (s.dtype != dtype || s.numel != uint64_t(numel))
       error("storage " + printable(key) + " is declared twice with different types or sizes");
@@ -644,7 +655,7 @@ Value Machine::persistent_load(const Value& pid) {
   }
   count();
   storages_.push_back({t[2].ref, dtype, uint64_t(numel), record});
-  storage_by_key_.emplace(key, uint32_t(storages_.size() - 1));
+  storage_by_key_.emplace(t[2].ref, uint32_t(storages_.size() - 1));
   return Value{Kind::Storage, 0, uint32_t(storages_.size() - 1), 0};
 }
 
@@ -656,6 +667,7 @@ Value Machine::rebuild_tensor(std::span<const Value> args, bool v3) {
     error(std::string(v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2") + " called with " +
           std::to_string(args.size()) + " arguments");
   if (args[0].kind != Kind::Storage) error(std::string("tensor's storage is ") + kind_name(args[0].kind));
+  if (tensors_.size() >= kMaxTensors) error("more than " + std::to_string(kMaxTensors) + " tensors");
   const StorageValue& s = storages_[args[0].ref];
   Dtype dtype = s.dtype;
   if (v3) {
@@ -701,8 +713,9 @@ Value Machine::rebuild_tensor(std::span<const Value> args, bool v3) {
     }
     t.extent_bytes = end_byte - first_byte;
   }
-  count();
+  count(1 + t.shape.size() + t.strides.size());
   tensors_.push_back(std::move(t));
+  tensor_storage_.push_back(args[0].ref);
   return Value{Kind::Tensor, 0, uint32_t(tensors_.size() - 1), 0};
 }
 
@@ -738,9 +751,10 @@ Value Machine::call(const Value& callable, const Value& args_value) {
 Checkpoint Machine::result(Value root) {
   // Trainer checkpoints wrap the weights; the order of the keys is the one the loader has always used.
   for (const char* key : {"state_dict", "model"}) {
-    if (root.kind != Kind::Dict) break;
+    auto name = interned_.find(key);
+    if (root.kind != Kind::Dict || name == interned_.end()) continue;
     const Dict& d = dicts_[root.ref];
-    if (auto it = d.by_name.find(key); it != d.by_name.end() && d.items[it->second].second.kind == Kind::Dict)
+    if (auto it = d.by_name.find(name->second); it != d.by_name.end() && d.items[it->second].second.kind == Kind::Dict)
       root = d.items[it->second].second;
   }
   if (root.kind != Kind::Dict)
@@ -748,9 +762,11 @@ Checkpoint Machine::result(Value root) {
   Checkpoint out;
   for (const auto& [key, value] : dicts_[root.ref].items) {
     if (key.kind != Kind::String || value.kind != Kind::Tensor) continue;
+    // One tensor may sit under many names; each copy counts.
+    if (out.tensors.size() >= kMaxTensors) fail(label_, "more than " + std::to_string(kMaxTensors) + " tensors");
     Tensor t = tensors_[value.ref];
     t.name = str(key);
-    const StorageValue& s = storages_[storage_by_key_.find(t.storage)->second];
+    const StorageValue& s = storages_[tensor_storage_[value.ref]];
     out.storages.try_emplace(t.storage, Storage{t.storage, s.dtype, s.numel, s.record});
     out.tensors.push_back(std::move(t));
   }

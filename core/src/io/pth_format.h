@@ -91,11 +91,15 @@ struct Checkpoint {
 };
 
 // Bounds on the pickle machine; a file beyond one of them is refused. State dicts stay far below: their
-// containers nest a few levels deep and pickle batches at most 1000 items between marks.
-inline constexpr size_t kMaxStack = 1 << 20;   // values on the stack
-inline constexpr size_t kMaxMarks = 256;       // open MARKs, i.e. container nesting within one expression
-inline constexpr size_t kMaxMemo = 1 << 22;    // memo entries
-inline constexpr size_t kMaxValues = 1 << 22;  // strings, containers and their items, tensors built
+// containers nest a few levels deep, pickle batches at most 1000 items between marks, and a tensor takes
+// about 10 memo entries and 40 values. Each bounds memory as well as work: a value costs 16 bytes, a memo entry
+// about 40, a tensor descriptor at most about 1 KiB, whatever the pickle repeats by reference.
+inline constexpr size_t kMaxStack = 1 << 20;    // values on the stack
+inline constexpr size_t kMaxMarks = 256;        // open MARKs, i.e. container nesting within one expression
+inline constexpr size_t kMaxMemo = 1 << 21;     // memo entries
+inline constexpr size_t kMaxValues = 1 << 23;   // strings, containers and their items, tensor dimensions
+inline constexpr size_t kMaxTensors = 1 << 17;  // tensors built, and tensors in the result
+inline constexpr size_t kMaxStorageKey = 256;   // bytes; torch.save's keys are decimal numbers
 inline constexpr size_t kMaxRank = 32;
 
 // The zip layer alone: every entry located, bounds-checked and stored (not compressed).
