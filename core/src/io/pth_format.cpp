@@ -306,9 +306,9 @@ enum class Callable : uint8_t {
 // nested lists can exhaust the stack when the machine is torn down.
 struct Value {
   Kind kind = Kind::None;
-  uint8_t tag = 0;     // Callable for a Global; Dtype for a Global that names a dtype or storage class
+  uint8_t tag = 0;     // a Global's Callable
   uint32_t ref = 0;    // pool index of a String, Bytes, Tuple, List, Dict, Storage or Tensor
-  int64_t number = 0;  // Bool, Int; a Float's bits
+  int64_t number = 0;  // Bool, Int; a Float's bits; the Dtype a storage class or dtype Global names
 };
 static_assert(sizeof(Value) == 16);
 
