@@ -1,13 +1,21 @@
 #include "latent/io/weights.h"
 
-#include <torch/serialize.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <system_error>
 #include <utility>
 
 #include "io/json.h"
+#include "io/pth_format.h"
 #include "latent/io/safetensors.h"
 
 namespace latent {
@@ -51,30 +59,99 @@ void read_safetensors(const fs::path& file, WeightSource& out) {
     out.config = checked_config(it->second, file.string() + ": __metadata__ config");
 }
 
-// A torch.save() archive holding a flat name->tensor dict, possibly nested under "state_dict" or "model".
+// A whole file mapped private and writable: tensors handed out may be modified in place, the file never is.
+struct FileMapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~FileMapping() {
+    if (addr) ::munmap(addr, size);
+  }
+  std::byte* data() const { return static_cast<std::byte*>(addr); }
+  std::span<const std::byte> bytes() const { return {data(), size}; }
+};
+
+std::shared_ptr<FileMapping> map_file(const fs::path& file) {
+  auto fail = [&](const char* what) {
+    throw ModelError(file.string() + ": " + what + ": " + std::system_category().message(errno));
+  };
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0) fail("cannot stat");
+  if (!S_ISREG(sb.st_mode)) throw ModelError(file.string() + ": not a regular file");
+  auto map = std::make_shared<FileMapping>();
+  if (sb.st_size == 0) return map;
+  map->size = size_t(sb.st_size);
+  void* addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (addr == MAP_FAILED) fail("cannot map");
+  map->addr = addr;
+  return map;
+}
+
+c10::ScalarType to_scalar_type(pth::Dtype dtype) {
+  using pth::Dtype;
+  switch (dtype) {
+    case Dtype::F64: return c10::kDouble;
+    case Dtype::F32: return c10::kFloat;
+    case Dtype::F16: return c10::kHalf;
+    case Dtype::BF16: return c10::kBFloat16;
+    case Dtype::C64: return c10::kComplexFloat;
+    case Dtype::C128: return c10::kComplexDouble;
+    case Dtype::I64: return c10::kLong;
+    case Dtype::I32: return c10::kInt;
+    case Dtype::I16: return c10::kShort;
+    case Dtype::I8: return c10::kChar;
+    case Dtype::U8: return c10::kByte;
+    case Dtype::BOOL: return c10::kBool;
+    case Dtype::U16: return c10::kUInt16;
+    case Dtype::U32: return c10::kUInt32;
+    case Dtype::U64: return c10::kUInt64;
+    case Dtype::F8_E4M3: return c10::kFloat8_e4m3fn;
+    case Dtype::F8_E5M2: return c10::kFloat8_e5m2;
+    case Dtype::F8_E8M0: return c10::kFloat8_e8m0fnu;
+  }
+  throw ModelError("unknown .pth dtype");
+}
+
+// A view of the mapping where the data is aligned for its dtype (torch.save aligns records to 64 bytes), else a
+// copy of the bytes the view reaches. Storages shared by several tensors stay shared: their views overlap.
+torch::Tensor tensor_from(const pth::Tensor& t, const pth::Storage& s, const std::shared_ptr<FileMapping>& map) {
+  const auto options = torch::TensorOptions().dtype(to_scalar_type(t.dtype)).device(torch::kCPU);
+  if (t.extent_bytes == 0) return torch::empty_strided(t.shape, t.strides, options);
+  const size_t size = pth::dtype_size(t.dtype);
+  std::byte* data = map->data() + s.record.offset + t.storage_offset * size;
+  if (reinterpret_cast<uintptr_t>(data) % size == 0) {
+    std::shared_ptr<FileMapping> keep = map;
+    return torch::from_blob(
+        data, t.shape, t.strides, [keep](void*) mutable { keep.reset(); }, options);
+  }
+  auto copy = torch::empty({int64_t(t.extent_bytes / size)}, options);
+  std::memcpy(copy.data_ptr(), data, t.extent_bytes);
+  return copy.as_strided(t.shape, t.strides);
+}
+
+// A torch.save() archive holding a flat name->tensor dict, possibly nested under "state_dict" or "model". Read
+// by pth::parse, which builds nothing but tensor descriptors: a general unpickler (torch::pickle_load) runs
+// further than a weights file needs and trusts the sizes the pickle declares (docs/pth-format.md).
 void read_pickle(const fs::path& file, WeightSource& out) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ModelError(file.string() + ": cannot read");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue root;
+  const auto map = map_file(file);
+  pth::Checkpoint checkpoint;
   try {
-    root = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
+    checkpoint = pth::parse(map->bytes(), file.string());
+  } catch (const pth::FormatError& e) {
+    // The message starts with the file name; the reader learns first that the file is not usable.
     std::string what = e.what();
-    throw ModelError(file.string() + ": not a readable torch.save checkpoint: " + what.substr(0, what.find('\n')));
+    const std::string label = file.string() + ": ";
+    if (what.compare(0, label.size(), label) == 0) what.erase(0, label.size());
+    throw ModelError(label + "not a readable torch.save checkpoint: " + what);
   }
-  for (const char* key : {"state_dict", "model"}) {
-    if (!root.isGenericDict()) break;
-    auto dict = root.toGenericDict();
-    auto it = dict.find(c10::IValue(std::string(key)));
-    if (it != dict.end() && it->value().isGenericDict()) root = it->value();
-  }
-  if (!root.isGenericDict()) throw ModelError(file.string() + ": checkpoint does not hold a dict of tensors");
-  for (const auto& kv : root.toGenericDict()) {
-    if (!kv.key().isString() || !kv.value().isTensor()) continue;  // optimizer state, step counters, ...
-    out.tensors.emplace(kv.key().toStringRef(), kv.value().toTensor());
-  }
-  if (out.tensors.empty()) throw ModelError(file.string() + ": checkpoint holds no tensors");
+  for (const auto& t : checkpoint.tensors)
+    out.tensors.emplace(t.name, tensor_from(t, checkpoint.storages.at(t.storage), map));
+  out.mapped.push_back(map->bytes());
 }
 
 }  // namespace

@@ -58,6 +58,14 @@ int64_t populate(const PageRange& r, uintptr_t page) {
   return int64_t(len);
 }
 
+// Bytes from a tensor's first element to one past the last one it reaches (nbytes() for a contiguous tensor).
+int64_t extent_bytes(const torch::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+  return (last + 1) * int64_t(t.element_size());
+}
+
 }  // namespace
 
 Residency settle_residency(const WeightSource& source) {
@@ -68,13 +76,16 @@ Residency settle_residency(const WeightSource& source) {
   for (const auto& entry : source.tensors) {
     // Not a structured binding: the lambda below captures it, which clang 14 (the fuzz build) refuses.
     const torch::Tensor& t = entry.second;
-    if (!t.defined() || !t.device().is_cpu() || t.nbytes() == 0) continue;
+    if (!t.defined() || !t.device().is_cpu()) continue;
+    // A .pth tensor may be a strided view of a storage: its pages are those of its extent, not of nbytes().
+    const int64_t extent = extent_bytes(t);
+    if (extent == 0) continue;
     const auto* data = static_cast<const std::byte*>(t.data_ptr());
     const bool in_mapping = std::any_of(source.mapped.begin(), source.mapped.end(), [&](const auto& m) {
-      return data >= m.data() && data + t.nbytes() <= m.data() + m.size();
+      return data >= m.data() && data + extent <= m.data() + m.size();
     });
     if (!in_mapping) continue;
-    const uintptr_t lo = reinterpret_cast<uintptr_t>(data), hi = lo + t.nbytes();
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(data), hi = lo + uintptr_t(extent);
     // Another user of the storage than the source's own tensor means a model holds it.
     // Kept: every page the tensor touches. Dropped: only the pages it fills alone.
     if (t.storage().use_count() > 1)

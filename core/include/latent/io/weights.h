@@ -32,7 +32,7 @@ struct WeightSource {
   std::optional<ModelConfig> config;
   std::map<std::string, std::string> metadata;
   std::map<std::string, torch::Tensor> tensors;  // CPU, dtype as stored
-  // The memory-mapped files the tensors point into (none for a torch.save checkpoint, which is read into memory).
+  // The memory-mapped files the tensors point into (safetensors and torch.save checkpoints alike).
   std::vector<std::span<const std::byte>> mapped;
 };
 
