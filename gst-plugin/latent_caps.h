@@ -1,5 +1,5 @@
-// The GStreamer glue every latent element shares: the `video/x-latent` caps (DESIGN.md 3.1), the conventions of
-// one latent buffer, buffer <-> tensor views, and the naming and metadata of latent files.
+// The GStreamer glue every latent element shares: the `video/x-latent` caps (docs/latent-caps.md), the conventions
+// of one latent buffer, buffer <-> tensor views, and the naming and metadata of latent files.
 #pragma once
 
 #include <gst/gst.h>

@@ -22,7 +22,9 @@ namespace {
 fs::path models_dir_beside_library() {
   Dl_info info{};
   if (!dladdr(reinterpret_cast<void*>(&find_default_model), &info) || !info.dli_fname) return {};
-  const fs::path lib = fs::absolute(fs::path(info.dli_fname)).parent_path();
+  // A library found through an $ORIGIN/.. RUNPATH keeps the ".." in its name (plugin dir/../liblatentcore.so),
+  // which would otherwise send the walk up the tree from the plugin dir instead of the libdir.
+  const fs::path lib = fs::absolute(fs::path(info.dli_fname)).lexically_normal().parent_path();
   // Debian-style multiarch libdirs (lib/x86_64-linux-gnu) sit one level deeper than lib or lib64.
   for (const fs::path& prefix : {lib.parent_path(), lib.parent_path().parent_path()}) {
     fs::path dir = prefix / "share" / "gst-latent" / "models";
