@@ -10,6 +10,7 @@
 #include "io/json.h"
 #include "nn/layers.h"
 #include "vae/families.h"
+#include "vae/slot_state.h"
 
 namespace latent {
 namespace {
@@ -136,13 +137,6 @@ struct Upsample {
   }
 };
 
-class CogState : public VaeState {
- public:
-  explicit CogState(size_t n) : slots(n) {}
-  size_t bytes() const override { return slots.bytes(); }
-  StateSlots slots;
-};
-
 class CogVae : public Vae {
  public:
   CogVae(const CogConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg, src), opt) {
@@ -153,11 +147,11 @@ class CogVae : public Vae {
   }
 
  protected:
-  std::unique_ptr<VaeState> make_encoder_state() const override { return std::make_unique<CogState>(enc_slots_); }
-  std::unique_ptr<VaeState> make_decoder_state() const override { return std::make_unique<CogState>(dec_slots_); }
+  std::unique_ptr<VaeState> make_encoder_state() const override { return std::make_unique<SlotState>(enc_slots_); }
+  std::unique_ptr<VaeState> make_decoder_state() const override { return std::make_unique<SlotState>(dec_slots_); }
 
   Tensor encode_step(VaeState& state, const Tensor& x) const override {
-    StateSlots& s = static_cast<CogState&>(state).slots;
+    StateSlots& s = SlotState::of(state);
     Tensor h = enc_in_.forward(x, s);
     for (size_t i = 0; i < down_.size(); ++i) {
       for (const auto& b : down_[i]) h = b.forward(h, {}, s);
@@ -168,7 +162,7 @@ class CogVae : public Vae {
   }
 
   Tensor decode_step(VaeState& state, const Tensor& z) const override {
-    StateSlots& s = static_cast<CogState&>(state).slots;
+    StateSlots& s = SlotState::of(state);
     Tensor h = dec_in_.forward(z, s);
     for (const auto& b : dec_mid_) h = b.forward(h, z, s);
     for (size_t i = 0; i < up_.size(); ++i) {

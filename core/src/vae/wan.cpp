@@ -10,6 +10,7 @@
 #include "io/json.h"
 #include "nn/layers.h"
 #include "vae/families.h"
+#include "vae/slot_state.h"
 
 namespace latent {
 namespace {
@@ -164,13 +165,6 @@ struct Mid {
   Tensor forward(const Tensor& x, StateSlots& s) const { return res1.forward(attn.forward(res0.forward(x, s)), s); }
 };
 
-class WanState : public VaeState {
- public:
-  explicit WanState(size_t n) : slots(n) {}
-  size_t bytes() const override { return slots.bytes(); }
-  StateSlots slots;
-};
-
 class WanVae : public Vae {
  public:
   WanVae(const WanConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg, src), opt) {
@@ -181,11 +175,11 @@ class WanVae : public Vae {
   }
 
  protected:
-  std::unique_ptr<VaeState> make_encoder_state() const override { return std::make_unique<WanState>(enc_slots_); }
-  std::unique_ptr<VaeState> make_decoder_state() const override { return std::make_unique<WanState>(dec_slots_); }
+  std::unique_ptr<VaeState> make_encoder_state() const override { return std::make_unique<SlotState>(enc_slots_); }
+  std::unique_ptr<VaeState> make_decoder_state() const override { return std::make_unique<SlotState>(dec_slots_); }
 
   Tensor encode_step(VaeState& state, const Tensor& x) const override {
-    StateSlots& s = static_cast<WanState&>(state).slots;
+    StateSlots& s = SlotState::of(state);
     Tensor h = enc_in_.forward(x, s);
     for (const auto& b : down_) h = run(b, h, s);
     h = enc_mid_.forward(h, s);
@@ -194,7 +188,7 @@ class WanVae : public Vae {
   }
 
   Tensor decode_step(VaeState& state, const Tensor& z) const override {
-    StateSlots& s = static_cast<WanState&>(state).slots;
+    StateSlots& s = SlotState::of(state);
     Tensor h = dec_in_.forward(conv1x1x1(z, post_quant_), s);
     h = dec_mid_.forward(h, s);
     for (const auto& b : up_) h = run(b, h, s);

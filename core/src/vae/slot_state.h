@@ -1,0 +1,18 @@
+// The per-stream state of a family whose layers carry their tensors in numbered slots (nn/state.h).
+#pragma once
+
+#include "latent/vae/vae.h"
+#include "nn/state.h"
+
+namespace latent {
+
+class SlotState : public VaeState {
+ public:
+  explicit SlotState(size_t n) : slots(n) {}
+  size_t bytes() const override { return slots.bytes(); }
+  // Vae::encode_chunk/decode_chunk have checked that the state is this model's, which makes only SlotStates.
+  static layers::StateSlots& of(VaeState& state) { return static_cast<SlotState&>(state).slots; }
+  layers::StateSlots slots;
+};
+
+}  // namespace latent
