@@ -15,6 +15,7 @@
 #include "io/pth_format.h"
 #include "latent/io/safetensors.h"
 #include "latent/io/weights.h"
+#include "memory/residency.h"
 #include "vae_fixtures.h"
 
 using namespace latent;
