@@ -2,10 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include "latent/io/safetensors.h"
 #include "latent/runtime/default_model.h"
 #include "latent/runtime/devices.h"
 #include "latent/runtime/shared_models.h"
-#include "latent/io/safetensors.h"
 
 GST_DEBUG_CATEGORY_STATIC(latent_model_debug);
 #define GST_CAT_DEFAULT latent_model_debug
