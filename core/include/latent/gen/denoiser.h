@@ -1,0 +1,63 @@
+// A denoiser: the network of a video diffusion model. It predicts, from noisy latents, one noise level per latent
+// frame and the conditioning, the model's target (flow velocity, v or noise). It declares what it needs so a
+// caller can check a pipeline before running it: its prediction type, the VAE whose latents it works in, its
+// channels, latent size and window, and the sampler its authors use.
+#pragma once
+
+#include <torch/types.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "latent/gen/sampler.h"
+#include "latent/vae/vae.h"
+
+namespace latent {
+
+struct DenoiserSpec {
+  std::string backend;  // "aoti" (an exported .pt2 package) or a native architecture's name
+  Prediction prediction = Prediction::flow;
+  std::string latent_space;  // the VAE model id whose latents it takes (VaeSpec::model_id), e.g. "wan2.1"
+  int64_t channels = 16;
+  // Latent frames per call: at least min_frames, at most window.
+  int64_t min_frames = 1;
+  int64_t window = 1;
+  // The latent height and width it takes; 0 where any multiple of size_multiple is accepted.
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t size_multiple = 1;
+  // Text conditioning: prompt embeddings [1, text_tokens, text_dim]; 0 where the model takes none.
+  int64_t text_tokens = 0;
+  int64_t text_dim = 0;
+  // The sampler and classifier-free guidance scale its authors recommend.
+  SamplerOptions sampler;
+  double guidance = 1.0;
+};
+
+class Denoiser {
+ public:
+  virtual ~Denoiser() = default;
+  const DenoiserSpec& spec() const { return spec_; }
+  torch::Device device() const { return options_.device; }
+  torch::ScalarType dtype() const { return options_.dtype; }
+
+  // x: [1, channels, T, h, w]; timesteps: [1, T], the model's conditioning value of each latent frame (a
+  // sampler's timestep(), 0 for a clean frame); text: [1, text_tokens, text_dim] or undefined for a model without
+  // text. Any device and dtype: they are moved to the model's. Returns the prediction [1, channels, T, h, w] in
+  // float32 on the model's device. Throws std::invalid_argument naming the input and the accepted shape.
+  torch::Tensor predict(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const;
+
+ protected:
+  Denoiser(DenoiserSpec spec, LoadOptions options) : spec_(std::move(spec)), options_(options) {}
+  // Inputs are checked and on the model's device and dtype (timesteps float32) by then.
+  virtual torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps,
+                            const torch::Tensor& text) const = 0;
+  DenoiserSpec spec_;
+  LoadOptions options_;
+};
+
+// A `.pt2` package (tools/export_denoiser.py) or native weights. Throws ModelError naming the file and the defect.
+std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options = {});
+
+}  // namespace latent

@@ -1,0 +1,83 @@
+// Video generation as a stream: a Generator runs a denoiser under a schedule and hands out latent frames as they
+// become final, each with its frame number. Memory is bounded by the schedule's window, never by the length:
+//   clip     a fixed number of frames denoised together (diffusers' pipelines; equals their loop)
+//   fifo     FIFO-Diffusion's diagonal queue: `steps` frames at rising noise levels, denoised `window` adjacent
+//            levels per model call; every iteration each frame takes one step, the cleanest leaves, fresh noise
+//            enters; endless
+//   rolling  windows of `window` frames whose first `context` frames are clean ones carried from the window before
+//            (diffusion-forcing style); endless
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "latent/gen/denoiser.h"
+#include "latent/gen/sampler.h"
+
+namespace latent {
+
+enum class ScheduleKind { clip, fifo, rolling };
+
+// "clip", "fifo", "rolling"; throws std::invalid_argument listing the names.
+ScheduleKind parse_schedule_kind(const std::string& name);
+const char* schedule_kind_name(ScheduleKind kind);
+
+struct GeneratorOptions {
+  ScheduleKind schedule = ScheduleKind::clip;
+  // steps, shift, ... For fifo, steps is also the queue length (FIFO-Diffusion's n * f).
+  SamplerOptions sampler;
+  // Latent frames to make: clip's length (at most the window); for fifo and rolling 0 means endless.
+  int64_t frames = 0;
+  // Latent height and width; 0 takes the denoiser's.
+  int64_t height = 0;
+  int64_t width = 0;
+  // Latent frames per model call; 0 takes the denoiser's window.
+  int64_t window = 0;
+  int64_t context = 0;  // rolling: clean frames carried into each window (< window)
+  // Classifier-free guidance: prediction = uncond + guidance * (cond - uncond), uncond from negative_text.
+  double guidance = 1.0;
+  torch::Tensor text;           // [1, L, D] prompt embeddings, for a model that takes text
+  torch::Tensor negative_text;  // the same shape; needed when guidance != 1
+  // The noise comes from a CPU generator with this seed: the same seed gives the same latents on every device.
+  uint64_t seed = 0;
+};
+
+struct GeneratedFrame {
+  torch::Tensor latent;  // [1, C, 1, h, w] float32 on the denoiser's device
+  int64_t index = 0;     // latent frame number from 0
+};
+
+class Generator {
+ public:
+  // Throws std::invalid_argument naming the option when the options do not fit the denoiser.
+  Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options);
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // Runs the model until at least one frame is final and returns the frames that are, in order; empty once
+  // finished().
+  std::vector<GeneratedFrame> next();
+  bool finished() const;
+  // Starts again from the first frame: with the same seed the same frames come out.
+  void reset();
+  void reset(uint64_t seed);
+
+  const GeneratorOptions& options() const { return options_; }
+  const Sampler& sampler() const;
+  // Bytes of the tensors the generator keeps between calls (queue, context, sampler histories).
+  size_t state_bytes() const;
+  int64_t model_calls() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<const Denoiser> denoiser_;
+  GeneratorOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace latent

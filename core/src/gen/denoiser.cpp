@@ -1,0 +1,75 @@
+// The checked entry of every denoiser and the choice of backend by file.
+#include "latent/gen/denoiser.h"
+
+#include <sstream>
+
+#include "gen/backends.h"
+#include "latent/io/weights.h"
+
+namespace latent {
+namespace {
+
+std::string shape_text(const torch::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+[[noreturn]] void reject(const std::string& what, const torch::Tensor& got, const std::string& expected) {
+  throw std::invalid_argument("denoiser input " + what + ": got " + (got.defined() ? shape_text(got) : "none") +
+                              ", expected " + expected);
+}
+
+void check_latents(const DenoiserSpec& spec, const torch::Tensor& x) {
+  const std::string expected =
+      "[1, " + std::to_string(spec.channels) + ", T, h, w] with " + std::to_string(spec.min_frames) +
+      " <= T <= " + std::to_string(spec.window) +
+      (spec.height > 0 ? ", h = " + std::to_string(spec.height) + ", w = " + std::to_string(spec.width)
+                       : ", h and w multiples of " + std::to_string(spec.size_multiple));
+  if (!x.defined() || x.dim() != 5 || x.size(0) != 1 || x.size(1) != spec.channels) reject("latents", x, expected);
+  const int64_t t = x.size(2), h = x.size(3), w = x.size(4);
+  if (t < spec.min_frames || t > spec.window) reject("latents", x, expected);
+  if (spec.height > 0 ? (h != spec.height || w != spec.width)
+                      : (h <= 0 || w <= 0 || h % spec.size_multiple != 0 || w % spec.size_multiple != 0))
+    reject("latents", x, expected);
+  if (!x.is_floating_point()) reject("latents (not floating point)", x, expected);
+}
+
+}  // namespace
+
+torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& timesteps,
+                                const torch::Tensor& text) const {
+  check_latents(spec_, x);
+  const int64_t frames = x.size(2);
+  if (!timesteps.defined() || timesteps.dim() != 2 || timesteps.size(0) != 1 || timesteps.size(1) != frames)
+    reject("timesteps", timesteps, "[1, " + std::to_string(frames) + "], one per latent frame");
+  if (spec_.text_tokens > 0) {
+    const std::string expected =
+        "[1, " + std::to_string(spec_.text_tokens) + ", " + std::to_string(spec_.text_dim) + "] prompt embeddings";
+    if (!text.defined() || text.dim() != 3 || text.size(0) != 1 || text.size(1) != spec_.text_tokens ||
+        text.size(2) != spec_.text_dim || !text.is_floating_point())
+      reject("text", text, expected);
+  } else if (text.defined()) {
+    reject("text", text, "none: this model takes no text conditioning");
+  }
+  const auto on_model = [&](const torch::Tensor& t, torch::ScalarType dtype) {
+    return t.to(options_.device, dtype).contiguous();
+  };
+  torch::Tensor out = run(on_model(x, options_.dtype), on_model(timesteps, torch::kFloat),
+                          text.defined() ? on_model(text, options_.dtype) : text);
+  if (!out.defined() || out.sizes() != x.sizes())
+    throw std::runtime_error("denoiser (" + spec_.backend + ") returned " + (out.defined() ? shape_text(out) : "none") +
+                             " for latents " + shape_text(x));
+  return out.to(torch::kFloat);
+}
+
+std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options) {
+  if (path.extension() == ".pt2") return load_aoti_denoiser(path, options);
+  WeightSource src = read_weights(path);
+  if (is_small_denoiser(src)) return make_small_denoiser(src, options);
+  throw ModelError(path.string() +
+                   ": not a denoiser gst-latent knows: expected a .pt2 package (tools/export_denoiser.py) or "
+                   "native weights with __metadata__ \"architecture\" = \"latent-gen-small\"");
+}
+
+}  // namespace latent

@@ -1,0 +1,169 @@
+// Generator: checks the options against the denoiser once, then drives a schedule.
+#include "latent/gen/generator.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <stdexcept>
+
+#include "gen/schedule.h"
+
+namespace latent {
+namespace {
+
+[[noreturn]] void bad_option(const std::string& what) { throw std::invalid_argument("generator: " + what); }
+
+void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
+  if (spec.text_tokens == 0) {
+    if (o.text.defined() || o.negative_text.defined())
+      bad_option("this model takes no text conditioning; leave text and negative_text unset");
+    if (o.guidance != 1.0) bad_option("guidance needs a model with text conditioning; this one has none");
+    return;
+  }
+  const auto fits = [&](const torch::Tensor& t) {
+    return t.defined() && t.dim() == 3 && t.size(0) == 1 && t.size(1) == spec.text_tokens &&
+           t.size(2) == spec.text_dim && t.is_floating_point();
+  };
+  const std::string shape = "[1, " + std::to_string(spec.text_tokens) + ", " + std::to_string(spec.text_dim) + "]";
+  if (!fits(o.text)) bad_option("text must be prompt embeddings " + shape);
+  if (o.guidance != 1.0 && !fits(o.negative_text))
+    bad_option("guidance " + std::to_string(o.guidance) + " needs negative_text " + shape +
+               " (the embeddings of the negative or empty prompt)");
+  if (o.guidance < 0.0) bad_option("guidance must be >= 0");
+}
+
+}  // namespace
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "clip") return ScheduleKind::clip;
+  if (name == "fifo") return ScheduleKind::fifo;
+  if (name == "rolling") return ScheduleKind::rolling;
+  throw std::invalid_argument("unknown schedule \"" + name + "\": expected clip, fifo or rolling");
+}
+
+const char* schedule_kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::clip: return "clip";
+    case ScheduleKind::fifo: return "fifo";
+    case ScheduleKind::rolling: return "rolling";
+  }
+  return "?";
+}
+
+Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const GeneratorOptions& options, int64_t height,
+                     int64_t width)
+    : model_(model),
+      sampler_(sampler),
+      guidance_(options.guidance),
+      channels_(model.spec().channels),
+      height_(height),
+      width_(width),
+      cpu_generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
+  // Moved to the model once, not at every call.
+  if (options.text.defined()) text_ = options.text.to(model.device(), model.dtype());
+  if (options.negative_text.defined() && guidance_ != 1.0)
+    negative_text_ = options.negative_text.to(model.device(), model.dtype());
+}
+
+torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64_t>& steps) {
+  auto timesteps = torch::empty({1, static_cast<int64_t>(steps.size())}, torch::kFloat);
+  for (size_t j = 0; j < steps.size(); ++j)
+    timesteps[0][static_cast<int64_t>(j)] = steps[j] >= sampler_.steps() ? 0.0 : sampler_.timestep(steps[j]);
+  torch::Tensor cond = model_.predict(x, timesteps, text_);
+  ++calls_;
+  if (guidance_ == 1.0) return cond;
+  torch::Tensor uncond = model_.predict(x, timesteps, negative_text_);
+  ++calls_;
+  // diffusers' order of operations, so a clip matches its pipelines bit for bit where the model does.
+  return uncond + guidance_ * (cond - uncond);
+}
+
+torch::Tensor Denoising::noise(int64_t frames) {
+  torch::Tensor n = torch::randn({1, channels_, frames, height_, width_}, cpu_generator_, torch::kFloat);
+  return n.to(model_.device());
+}
+
+void Denoising::reseed(uint64_t seed) { cpu_generator_.set_current_seed(seed); }
+
+struct Generator::Impl {
+  Sampler sampler;
+  Denoising denoising;
+  std::unique_ptr<Schedule> schedule;
+  Impl(const Denoiser& model, const GeneratorOptions& o, int64_t height, int64_t width)
+      : sampler(o.sampler, model.spec().prediction), denoising(model, sampler, o, height, width) {}
+};
+
+Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options)
+    : denoiser_(std::move(denoiser)), options_(std::move(options)) {
+  if (!denoiser_) bad_option("no denoiser");
+  const DenoiserSpec& spec = denoiser_->spec();
+  GeneratorOptions& o = options_;
+  if (o.height == 0) o.height = spec.height;
+  if (o.width == 0) o.width = spec.width;
+  if (o.height <= 0 || o.width <= 0) bad_option("set the latent height and width (the model does not fix them)");
+  if (spec.height > 0 && (o.height != spec.height || o.width != spec.width))
+    bad_option("latent size " + std::to_string(o.height) + "x" + std::to_string(o.width) + ": the model takes " +
+               std::to_string(spec.height) + "x" + std::to_string(spec.width));
+  if (o.height % spec.size_multiple != 0 || o.width % spec.size_multiple != 0)
+    bad_option("latent height and width must be multiples of " + std::to_string(spec.size_multiple));
+  if (o.window == 0) o.window = spec.window;
+  if (o.window < spec.min_frames || o.window > spec.window)
+    bad_option("window " + std::to_string(o.window) + ": the model takes " + std::to_string(spec.min_frames) + " to " +
+               std::to_string(spec.window) + " latent frames per call");
+  if (o.frames < 0) bad_option("frames must be >= 0");
+  switch (o.schedule) {
+    case ScheduleKind::clip:
+      if (o.frames < spec.min_frames || o.frames > o.window)
+        bad_option("a clip of " + std::to_string(o.frames) + " latent frames: the clip schedule makes " +
+                   std::to_string(spec.min_frames) + " to " + std::to_string(o.window) +
+                   " at once; use fifo or rolling for longer videos");
+      break;
+    case ScheduleKind::fifo:
+      // The queue fills and drains a frame at a time, so partitions of one frame reach the model.
+      if (spec.min_frames > 1)
+        bad_option("fifo calls the model with a single frame while its queue fills; this model needs " +
+                   std::to_string(spec.min_frames));
+      break;
+    case ScheduleKind::rolling:
+      if (o.context < 0 || o.context >= o.window)
+        bad_option("context " + std::to_string(o.context) +
+                   ": must be in [0, window - 1 = " + std::to_string(o.window - 1) + "]");
+      if (spec.min_frames > 1 && o.frames > 0)
+        bad_option("a finite rolling run may end with a short window; this model needs " +
+                   std::to_string(spec.min_frames) + " frames per call");
+      break;
+  }
+  check_text(spec, o);
+  reset(o.seed);
+}
+
+Generator::~Generator() = default;
+
+void Generator::reset() { reset(options_.seed); }
+
+void Generator::reset(uint64_t seed) {
+  options_.seed = seed;
+  if (!impl_) impl_ = std::make_unique<Impl>(*denoiser_, options_, options_.height, options_.width);
+  impl_->denoising.reseed(seed);
+  switch (options_.schedule) {
+    case ScheduleKind::clip: impl_->schedule = make_clip_schedule(options_.frames); break;
+    case ScheduleKind::fifo: impl_->schedule = make_fifo_schedule(options_.frames, options_.window); break;
+    case ScheduleKind::rolling:
+      impl_->schedule = make_rolling_schedule(options_.frames, options_.window, options_.context);
+      break;
+  }
+}
+
+std::vector<GeneratedFrame> Generator::next() {
+  while (!impl_->schedule->finished()) {
+    std::vector<GeneratedFrame> made = impl_->schedule->advance(impl_->denoising);
+    if (!made.empty()) return made;
+  }
+  return {};
+}
+
+bool Generator::finished() const { return impl_->schedule->finished(); }
+const Sampler& Generator::sampler() const { return impl_->sampler; }
+size_t Generator::state_bytes() const { return impl_->schedule->bytes(); }
+int64_t Generator::model_calls() const { return impl_->denoising.calls(); }
+
+}  // namespace latent

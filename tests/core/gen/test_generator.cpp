@@ -1,0 +1,300 @@
+// The schedules: clip equals diffusers' Wan pipeline loop; fifo and rolling give every frame its whole trajectory,
+// call the model within its window, carry clean context, repeat themselves for a seed, and keep constant memory.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "gen_fixtures.h"
+#include "latent/gen/generator.h"
+#include "vae_fixtures.h"
+
+using namespace latent;
+using namespace latent::testing;
+
+namespace {
+
+// A denoiser whose prediction for each frame depends on that frame alone: sin(1.3 x) + 0.001 t. Each frame's
+// latents then follow the sampler's trajectory for that frame's noise whatever the schedule, which the tests
+// recompute frame by frame. It records every call's timesteps.
+class PerFrameDenoiser final : public Denoiser {
+ public:
+  PerFrameDenoiser(Prediction prediction, int64_t window, int64_t text_tokens = 0)
+      : Denoiser(spec_for(prediction, window, text_tokens), LoadOptions{}) {}
+  mutable std::vector<std::vector<float>> calls;
+
+ protected:
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const override {
+    const torch::Tensor t = timesteps[0];
+    calls.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    torch::Tensor out = torch::sin(1.3 * x) + 0.001 * t.view({1, 1, -1, 1, 1});
+    if (text.defined()) out = out + text.mean();
+    return out;
+  }
+
+ private:
+  static DenoiserSpec spec_for(Prediction prediction, int64_t window, int64_t text_tokens) {
+    DenoiserSpec s;
+    s.backend = "test";
+    s.prediction = prediction;
+    s.channels = 2;
+    s.window = window;
+    s.height = 3;
+    s.width = 5;
+    s.text_tokens = text_tokens;
+    s.text_dim = text_tokens > 0 ? 4 : 0;
+    return s;
+  }
+};
+
+// Frame k of a fifo or rolling run: the k-th noise frame of the seeded stream taken down every step alone.
+torch::Tensor alone(const Sampler& sampler, const torch::Tensor& noise) {
+  SamplerHistory history;
+  torch::Tensor x = noise;
+  for (int64_t i = 0; i < sampler.steps(); ++i) {
+    torch::Tensor t = torch::full({1, 1, 1, 1, 1}, static_cast<float>(sampler.timestep(i)));
+    x = sampler.step(x, torch::sin(1.3 * x) + 0.001 * t, i, history);
+  }
+  return x;
+}
+
+std::vector<GeneratedFrame> run_all(Generator& g) {
+  std::vector<GeneratedFrame> all;
+  while (!g.finished())
+    for (auto& f : g.next()) all.push_back(std::move(f));
+  return all;
+}
+
+GeneratorOptions options(ScheduleKind kind, SamplerKind sampler, int64_t steps, int64_t frames) {
+  GeneratorOptions o;
+  o.schedule = kind;
+  o.sampler.kind = sampler;
+  o.sampler.steps = steps;
+  o.sampler.shift = 3.0;
+  o.frames = frames;
+  o.seed = 42;
+  return o;
+}
+
+std::string option_error(std::shared_ptr<const Denoiser> d, const GeneratorOptions& o) {
+  try {
+    Generator g(std::move(d), o);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+// The classic pipeline: the same noise (seeded CPU generator, as torch.randn in Python), the same model and
+// sampler, classifier-free guidance 2.5. Tolerance 1e-4: the package differs from eager PyTorch by ~5e-7 per
+// call (fusion; see AotiDenoiser), and 12 guided calls amplify that by the guidance scale at each step.
+TEST(GeneratorClip, EqualsDiffusersWanPipelineLoop) {
+  LATENT_REQUIRE_DENOISER_FIXTURES();
+  auto model = load_denoiser(denoiser_fixtures_dir() / "wan-tiny.pt2");
+  for (auto [name, kind] : {std::pair{"euler", SamplerKind::euler}, std::pair{"unipc", SamplerKind::unipc}}) {
+    GeneratorOptions o = options(ScheduleKind::clip, kind, 6, 5);
+    o.seed = 7;
+    o.guidance = 2.5;
+    o.text = denoiser_case("text");
+    o.negative_text = denoiser_case("negative_text");
+    Generator g(model, o);
+    std::vector<GeneratedFrame> frames = g.next();
+    ASSERT_EQ(frames.size(), 5u);
+    EXPECT_TRUE(g.finished());
+    EXPECT_TRUE(g.next().empty());
+    std::vector<torch::Tensor> latents;
+    for (size_t k = 0; k < frames.size(); ++k) {
+      EXPECT_EQ(frames[k].index, static_cast<int64_t>(k));
+      latents.push_back(frames[k].latent);
+    }
+    const double diff = max_abs_diff(torch::cat(latents, 2), denoiser_case(std::string("clip.") + name + ".latents"));
+    EXPECT_LE(diff, 1e-4) << name;
+    EXPECT_EQ(g.model_calls(), 12);
+    std::printf("clip (%s, 6 steps, guidance 2.5): max |C++ - diffusers| = %.3g\n", name, diff);
+  }
+}
+
+// The noise a seed gives is torch.randn's in Python for the same seed and shape.
+TEST(GeneratorClip, NoiseIsTorchRandnOfTheSeed) {
+  LATENT_REQUIRE_DENOISER_FIXTURES();
+  torch::Tensor expected = denoiser_case("clip.euler.noise");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  EXPECT_TRUE(torch::equal(torch::randn(expected.sizes(), gen, torch::kFloat), expected));
+}
+
+TEST(GeneratorFifo, EveryFrameTakesEveryStepInOrder) {
+  for (SamplerKind kind : {SamplerKind::euler, SamplerKind::unipc, SamplerKind::ddim}) {
+    const Prediction p = kind == SamplerKind::ddim ? Prediction::v : Prediction::flow;
+    auto model = std::make_shared<PerFrameDenoiser>(p, 4);
+    Generator g(model, options(ScheduleKind::fifo, kind, 10, 23));
+    std::vector<GeneratedFrame> frames = run_all(g);
+    ASSERT_EQ(frames.size(), 23u);
+    auto noise = at::make_generator<at::CPUGeneratorImpl>(42);
+    for (size_t k = 0; k < frames.size(); ++k) {
+      ASSERT_EQ(frames[k].index, static_cast<int64_t>(k));
+      torch::Tensor expected = alone(g.sampler(), torch::randn({1, 2, 1, 3, 5}, noise, torch::kFloat));
+      EXPECT_LE(max_abs_diff(frames[k].latent, expected), 1e-6) << sampler_kind_name(kind) << " frame " << k;
+    }
+    // Each call spans at most `window` adjacent steps, oldest (cleanest) frame first.
+    for (const auto& ts : model->calls) {
+      ASSERT_LE(ts.size(), 4u);
+      for (size_t j = 1; j < ts.size(); ++j) EXPECT_LT(ts[j - 1], ts[j]);
+    }
+  }
+}
+
+TEST(GeneratorFifo, OneFrameOutPerIterationOnceFull) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  Generator g(model, options(ScheduleKind::fifo, SamplerKind::euler, 8, 0));
+  auto first = g.next();
+  ASSERT_EQ(first.size(), 1u);
+  // The first frame is clean after 8 iterations: 4 with the frames in one partition, then 4 with two.
+  EXPECT_EQ(model->calls.size(), 4u * 1 + 4u * 2);
+  for (int i = 0; i < 5; ++i) {
+    const size_t before = model->calls.size();
+    auto out = g.next();
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].index, i + 1);
+    EXPECT_EQ(model->calls.size() - before, 2u);
+  }
+  EXPECT_FALSE(g.finished());
+}
+
+TEST(GeneratorRolling, CarriesCleanContextAndEveryFrameTakesEveryStep) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 5);
+  GeneratorOptions o = options(ScheduleKind::rolling, SamplerKind::unipc, 6, 11);
+  o.context = 2;
+  Generator g(model, o);
+  std::vector<GeneratedFrame> frames;
+  std::vector<size_t> per_call;
+  while (!g.finished()) {
+    auto out = g.next();
+    per_call.push_back(out.size());
+    for (auto& f : out) frames.push_back(std::move(f));
+  }
+  // Windows of 5: 5 new, then 3 new after 2 context frames, then 3 (the last 3 of 11).
+  EXPECT_EQ(per_call, (std::vector<size_t>{5, 3, 3}));
+  ASSERT_EQ(frames.size(), 11u);
+  auto noise = at::make_generator<at::CPUGeneratorImpl>(42);
+  std::vector<torch::Tensor> expected;
+  for (int64_t n : {5, 3, 3}) {
+    torch::Tensor block = torch::randn({1, 2, n, 3, 5}, noise, torch::kFloat);
+    for (int64_t j = 0; j < n; ++j) expected.push_back(alone(g.sampler(), block.narrow(2, j, 1)));
+  }
+  for (size_t k = 0; k < frames.size(); ++k) {
+    EXPECT_EQ(frames[k].index, static_cast<int64_t>(k));
+    EXPECT_LE(max_abs_diff(frames[k].latent, expected[k]), 1e-6) << "frame " << k;
+  }
+  // Later windows: two context frames at timestep 0, then the fresh frames at the step's timestep.
+  ASSERT_EQ(model->calls.size(), 18u);
+  for (size_t c = 6; c < model->calls.size(); ++c) {
+    const auto& ts = model->calls[c];
+    ASSERT_EQ(ts.size(), 5u);
+    EXPECT_EQ(ts[0], 0.0f);
+    EXPECT_EQ(ts[1], 0.0f);
+    EXPECT_GT(ts[2], 0.0f);
+  }
+}
+
+TEST(Generator, TheSameSeedGivesTheSameFramesAndResetRepeats) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  Generator a(model, options(ScheduleKind::fifo, SamplerKind::unipc, 8, 12));
+  Generator b(model, options(ScheduleKind::fifo, SamplerKind::unipc, 8, 12));
+  auto fa = run_all(a), fb = run_all(b);
+  a.reset();
+  auto fc = run_all(a);
+  a.reset(43);
+  auto fd = run_all(a);
+  ASSERT_EQ(fa.size(), 12u);
+  ASSERT_EQ(fc.size(), 12u);
+  for (size_t k = 0; k < fa.size(); ++k) {
+    EXPECT_TRUE(torch::equal(fa[k].latent, fb[k].latent));
+    EXPECT_TRUE(torch::equal(fa[k].latent, fc[k].latent));
+    EXPECT_FALSE(torch::equal(fa[k].latent, fd[k].latent));
+  }
+}
+
+TEST(Generator, GuidanceMixesConditionalAndUnconditional) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3);
+  GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::euler, 1, 1);
+  o.text = torch::full({1, 3, 4}, 0.5);
+  o.negative_text = torch::full({1, 3, 4}, 0.1);
+  o.guidance = 3.0;
+  Generator g(model, o);
+  torch::Tensor x = g.next()[0].latent;
+  auto noise = at::make_generator<at::CPUGeneratorImpl>(42);
+  torch::Tensor n = torch::randn({1, 2, 1, 3, 5}, noise, torch::kFloat);
+  torch::Tensor base = torch::sin(1.3 * n) + 0.001 * g.sampler().timestep(0);
+  torch::Tensor v = (base + 0.1) + 3.0 * ((base + 0.5) - (base + 0.1));
+  EXPECT_LE(max_abs_diff(x, n + (g.sampler().sigma(1) - g.sampler().sigma(0)) * v), 1e-6);
+  EXPECT_EQ(g.model_calls(), 2);
+}
+
+TEST(Generator, OptionsThatDoNotFitAreNamed) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  auto o = options(ScheduleKind::clip, SamplerKind::euler, 4, 5);
+  EXPECT_NE(option_error(model, o).find("use fifo or rolling"), std::string::npos);
+  o.frames = 0;
+  EXPECT_NE(option_error(model, o).find("a clip of 0"), std::string::npos);
+  o = options(ScheduleKind::rolling, SamplerKind::euler, 4, 0);
+  o.context = 4;
+  EXPECT_NE(option_error(model, o).find("context 4"), std::string::npos);
+  o = options(ScheduleKind::fifo, SamplerKind::euler, 4, 0);
+  o.window = 6;
+  EXPECT_NE(option_error(model, o).find("window 6"), std::string::npos);
+  o = options(ScheduleKind::fifo, SamplerKind::euler, 4, 0);
+  o.height = 4;
+  EXPECT_NE(option_error(model, o).find("latent size 4x5"), std::string::npos);
+  o = options(ScheduleKind::fifo, SamplerKind::ddim, 4, 0);
+  EXPECT_NE(option_error(model, o), "(accepted)");  // ddim needs v or epsilon, the model predicts flow
+  o = options(ScheduleKind::fifo, SamplerKind::euler, 4, 0);
+  o.guidance = 2.0;
+  EXPECT_NE(option_error(model, o).find("no text"), std::string::npos);
+  auto text_model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3);
+  o.text = torch::zeros({1, 3, 4});
+  EXPECT_NE(option_error(text_model, o).find("negative_text"), std::string::npos);
+  o.guidance = 1.0;
+  o.text = torch::zeros({1, 2, 4});
+  EXPECT_NE(option_error(text_model, o).find("[1, 3, 4]"), std::string::npos);
+  EXPECT_NE(option_error(nullptr, o).find("no denoiser"), std::string::npos);
+  EXPECT_EQ(parse_schedule_kind("rolling"), ScheduleKind::rolling);
+  EXPECT_THROW(parse_schedule_kind("diagonal"), std::invalid_argument);
+}
+
+// 2,000 latent frames through the tiny exported Wan transformer: after warm-up the generator keeps the same bytes
+// and the process's RSS stays flat (run alone, with glibc returning freed blocks; see core-memory).
+TEST(GeneratorMemory, TwoThousandFramesInConstantMemory) {
+  LATENT_REQUIRE_DENOISER_FIXTURES();
+  auto model = load_denoiser(denoiser_fixtures_dir() / "wan-tiny.pt2");
+  for (ScheduleKind kind : {ScheduleKind::fifo, ScheduleKind::rolling}) {
+    GeneratorOptions o = options(kind, SamplerKind::unipc, 8, 2000);
+    o.window = 4;
+    o.context = 1;
+    o.text = denoiser_case("text");
+    Generator g(model, o);
+    int64_t made = 0;
+    size_t bytes_warm = 0, bytes_max = 0;
+    double rss_warm = 0, rss_max = 0;
+    while (!g.finished()) {
+      for (auto& f : g.next()) {
+        ASSERT_EQ(f.index, made);
+        ASSERT_TRUE(torch::isfinite(f.latent).all().item<bool>());
+        ++made;
+      }
+      if (made >= 200 && rss_warm == 0) {
+        rss_warm = rss_mib();
+        bytes_warm = g.state_bytes();
+      }
+      if (rss_warm > 0 && !g.finished()) {
+        rss_max = std::max(rss_max, rss_mib());
+        bytes_max = std::max(bytes_max, g.state_bytes());
+      }
+    }
+    EXPECT_EQ(made, 2000);
+    EXPECT_LE(bytes_max, bytes_warm) << schedule_kind_name(kind);
+    EXPECT_LT(rss_max - rss_warm, 4.0) << schedule_kind_name(kind) << ": RSS grew from " << rss_warm << " to "
+                                       << rss_max << " MiB";
+    std::printf("%s: 2000 latent frames, state %zu bytes, RSS %.1f -> %.1f MiB after frame 200, %lld model calls\n",
+                schedule_kind_name(kind), bytes_warm, rss_warm, rss_max, static_cast<long long>(g.model_calls()));
+  }
+}
