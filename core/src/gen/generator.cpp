@@ -16,7 +16,8 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
   if (spec.text_tokens == 0) {
     if (o.text.defined() || o.negative_text.defined())
       bad_option("this model takes no text conditioning; leave text and negative_text unset");
-    if (o.guidance != 1.0) bad_option("guidance needs a model with text conditioning; this one has none");
+    if (o.guidance != 1.0)
+      bad_option("guidance mixes text and negative text predictions; this model takes no text conditioning");
     return;
   }
   const auto fits = [&](const torch::Tensor& t) {

@@ -86,8 +86,9 @@ std::string option_error(std::shared_ptr<const Denoiser> d, const GeneratorOptio
 }  // namespace
 
 // The classic pipeline: the same noise (seeded CPU generator, as torch.randn in Python), the same model and
-// sampler, classifier-free guidance 2.5. Tolerance 1e-4: the package differs from eager PyTorch by ~5e-7 per
-// call (fusion; see AotiDenoiser), and 12 guided calls amplify that by the guidance scale at each step.
+// sampler, classifier-free guidance 2.5. Tolerance 1e-5 (measured 9.5e-7 euler, 8.1e-7 unipc): the package
+// differs from eager PyTorch by ~5e-7 per call (fusion; see AotiDenoiser), and guidance scales that difference
+// by 2.5 at each of the 6 steps before the sampler damps it.
 TEST(GeneratorClip, EqualsDiffusersWanPipelineLoop) {
   LATENT_REQUIRE_DENOISER_FIXTURES();
   auto model = load_denoiser(denoiser_fixtures_dir() / "wan-tiny.pt2");
@@ -108,7 +109,7 @@ TEST(GeneratorClip, EqualsDiffusersWanPipelineLoop) {
       latents.push_back(frames[k].latent);
     }
     const double diff = max_abs_diff(torch::cat(latents, 2), denoiser_case(std::string("clip.") + name + ".latents"));
-    EXPECT_LE(diff, 1e-4) << name;
+    EXPECT_LE(diff, 1e-5) << name;
     EXPECT_EQ(g.model_calls(), 12);
     std::printf("clip (%s, 6 steps, guidance 2.5): max |C++ - diffusers| = %.3g\n", name, diff);
   }
