@@ -85,6 +85,18 @@ class Sampler {
   std::vector<double> timesteps_;   // steps entries
   std::vector<double> sigmas_;      // steps + 1 entries, the last 0
   std::vector<double> alpha_bars_;  // ddim: alpha_bar at each timestep, plus the final one
+  // ddim: the alpha_bar each step moves to. diffusers takes it at timestep - train_timesteps / steps (integer
+  // division), which is not always the next timestep: for 30 steps 966 goes to 933, the next timestep is 932.
+  std::vector<double> target_alpha_bars_;
+  // unipc: the fp32 coefficients of the move from step k to k + 1, shared by the predictor at k and the corrector
+  // at k + 1. They depend only on the schedule, so they are worked out once rather than at every call.
+  struct UniPcInterval {
+    float x = 0, m0 = 0, res = 0;     // next = x * sample - m0 * newest x0 - res * (weighted x0 differences)
+    float rk = 0;                     // (lambda_{k-1} - lambda_k) / h_k, for k >= 1
+    float rho_prev = 0, rho_new = 0;  // the order-2 corrector's weights, for 1 <= k <= steps - 2
+  };
+  std::vector<UniPcInterval> unipc_;
+  static std::vector<UniPcInterval> unipc_intervals(const std::vector<double>& sigmas);
 };
 
 }  // namespace latent
