@@ -131,6 +131,7 @@ def main():
         "bad-prediction": put("latent.prediction", "sample"),
         "bad-format": put("latent.format", "99"),
         "bad-device": put("AOTI_DEVICE_KEY", "cuda"),
+        "bad-isa": put("AOTI_CPU_ISA", "AVX512 AVX512_VNNI AMX_TILE"),
     }.items():
         with_metadata(package, os.path.join(out, name + ".pt2"), change)
     with open(package, "rb") as f:

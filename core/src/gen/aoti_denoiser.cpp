@@ -4,9 +4,12 @@
 #include <ATen/cpu/Utils.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cctype>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include "gen/backends.h"
@@ -104,19 +107,37 @@ torch::ScalarType package_dtype(const std::filesystem::path& path, const Metadat
   throw ModelError(path.string() + ": package metadata \"latent.dtype\" = \"" + name + "\" is not a dtype");
 }
 
-// A CPU package holds code for the ISA of the machine that compiled it; on a CPU without it the first run dies
-// of SIGILL. Refuse it at load time instead.
+// A CPU package holds code for the instruction sets of the machine that compiled it (AOTI_CPU_ISA, e.g. "AVX512
+// AVX512_VNNI AMX_TILE"); on a CPU without them the first run dies of SIGILL. Refuse it at load time instead. Best
+// effort: Inductor also compiles with -march=native, whose extensions the metadata does not list.
 void check_cpu_isa(const std::filesystem::path& path, const Metadata& md) {
   auto it = md.find("AOTI_CPU_ISA");
   if (it == md.end() || it->second.empty()) return;
-  std::string isa = it->second;
-  std::transform(isa.begin(), isa.end(), isa.begin(), [](unsigned char c) { return std::tolower(c); });
-  const std::string key = isa == "avx512" ? "avx512f" : isa;
   const auto caps = at::cpu::get_cpu_capabilities();
-  auto cap = caps.find(key);
-  if (cap != caps.end() && cap->second.isBool() && !cap->second.toBool())
-    throw ModelError(path.string() + ": compiled for CPUs with " + it->second +
-                     ", which this CPU lacks; export the model again on this machine");
+  std::string missing;
+  std::istringstream words(it->second);
+  for (std::string word; words >> word;) {
+    std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return std::tolower(c); });
+    // Inductor's AVX512 means the F, DQ, VL and BW subsets together.
+    const std::vector<std::string> keys =
+        word == "avx512" ? std::vector<std::string>{"avx512_f", "avx512_dq", "avx512_vl", "avx512_bw"}
+                         : std::vector<std::string>{word};
+    for (const std::string& key : keys) {
+      auto cap = caps.find(key);
+      if (cap != caps.end() && cap->second.isBool() && !cap->second.toBool()) missing += " " + key;
+    }
+  }
+  if (!missing.empty())
+    throw ModelError(path.string() + ": compiled for CPUs with " + it->second + "; this CPU lacks" + missing +
+                     ". Export the model again on this machine");
+}
+
+// The runtime checks of input shapes, strides and dtypes are compiled into every package but run only when this
+// variable is set when the package loads. They back up Denoiser::predict's checks against the metadata, which a
+// package's graph may not match (metadata edited after export).
+void enable_runtime_input_checks() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0); });
 }
 
 class AotiDenoiser final : public Denoiser {
@@ -162,11 +183,15 @@ std::shared_ptr<Denoiser> load_aoti_denoiser(const std::filesystem::path& path, 
   LoadOptions run_options = options;
   // A package runs in the dtype it was exported in; the compute dtype is chosen at export time.
   run_options.dtype = package_dtype(path, md);
+  // "cuda" means cuda:0, as resolve_device() has it: inputs and the package's runner must agree on one device.
+  if (run_options.device.is_cuda() && !run_options.device.has_index())
+    run_options.device = torch::Device(torch::kCUDA, 0);
+  enable_runtime_input_checks();
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
   try {
     package = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
         path.string(), "model", /*run_single_threaded=*/false, /*num_runners=*/1,
-        options.device.is_cuda() ? options.device.index() : -1);
+        run_options.device.is_cuda() ? run_options.device.index() : -1);
   } catch (const std::exception& e) {
     throw ModelError(path.string() + ": the package does not load: " + e.what());
   }

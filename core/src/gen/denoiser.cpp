@@ -39,6 +39,9 @@ void check_latents(const DenoiserSpec& spec, const torch::Tensor& x) {
 
 torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& timesteps,
                                 const torch::Tensor& text) const {
+  // Inference only: a model whose parameters track gradients would otherwise chain every frame's graph to the
+  // frames before it, and memory would grow with the length.
+  torch::NoGradGuard no_grad;
   check_latents(spec_, x);
   const int64_t frames = x.size(2);
   if (!timesteps.defined() || timesteps.dim() != 2 || timesteps.size(0) != 1 || timesteps.size(1) != frames)

@@ -3,6 +3,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "gen/schedule.h"
@@ -13,6 +14,7 @@ namespace {
 [[noreturn]] void bad_option(const std::string& what) { throw std::invalid_argument("generator: " + what); }
 
 void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
+  if (!std::isfinite(o.guidance) || o.guidance < 0.0) bad_option("guidance must be a finite number >= 0");
   if (spec.text_tokens == 0) {
     if (o.text.defined() || o.negative_text.defined())
       bad_option("this model takes no text conditioning; leave text and negative_text unset");
@@ -29,7 +31,6 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
   if (o.guidance != 1.0 && !fits(o.negative_text))
     bad_option("guidance " + std::to_string(o.guidance) + " needs negative_text " + shape +
                " (the embeddings of the negative or empty prompt)");
-  if (o.guidance < 0.0) bad_option("guidance must be >= 0");
 }
 
 }  // namespace
@@ -84,6 +85,10 @@ torch::Tensor Denoising::noise(int64_t frames) {
 }
 
 void Denoising::reseed(uint64_t seed) { cpu_generator_.set_current_seed(seed); }
+
+torch::Tensor Denoising::noise_state() const { return cpu_generator_.get_state(); }
+
+void Denoising::restore_noise_state(const torch::Tensor& state) { cpu_generator_.set_state(state); }
 
 struct Generator::Impl {
   Sampler sampler;
@@ -155,8 +160,18 @@ void Generator::reset(uint64_t seed) {
 }
 
 std::vector<GeneratedFrame> Generator::next() {
+  torch::NoGradGuard no_grad;
   while (!impl_->schedule->finished()) {
-    std::vector<GeneratedFrame> made = impl_->schedule->advance(impl_->denoising);
+    // Schedules commit an iteration only when it completes; with the noise stream rewound too, a call that
+    // throws (a GPU out of memory) can be retried and gives the frames an uninterrupted run gives.
+    const torch::Tensor noise_state = impl_->denoising.noise_state();
+    std::vector<GeneratedFrame> made;
+    try {
+      made = impl_->schedule->advance(impl_->denoising);
+    } catch (...) {
+      impl_->denoising.restore_noise_state(noise_state);
+      throw;
+    }
     if (!made.empty()) return made;
   }
   return {};

@@ -20,6 +20,9 @@ class Denoising {
   // Unit Gaussian noise [1, C, frames, h, w], drawn on the CPU so every device gets the same numbers.
   torch::Tensor noise(int64_t frames);
   void reseed(uint64_t seed);
+  // The noise stream's position, to rewind it when an iteration fails.
+  torch::Tensor noise_state() const;
+  void restore_noise_state(const torch::Tensor& state);
 
   const Sampler& sampler() const { return sampler_; }
   int64_t calls() const { return calls_; }
@@ -37,7 +40,8 @@ class Denoising {
 class Schedule {
  public:
   virtual ~Schedule() = default;
-  // One iteration: model calls and steps; returns the frames that became final (possibly none).
+  // One iteration: model calls and steps; returns the frames that became final (possibly none). An iteration
+  // that throws changes nothing.
   virtual std::vector<GeneratedFrame> advance(Denoising& d) = 0;
   virtual bool finished() const = 0;
   virtual size_t bytes() const = 0;

@@ -52,35 +52,39 @@ class FifoSchedule final : public Schedule {
 
   std::vector<GeneratedFrame> advance(Denoising& d) override {
     const Sampler& sampler = d.sampler();
-    if (frames_ == 0 || entered_ < frames_) {
-      queue_.push_back({d.noise(1), 0, {}, entered_++});
-    }
-    if (queue_.empty()) return {};
-    // queue_ runs oldest first, so steps fall from front to back; a partition is a run of steps [k*w, (k+1)*w).
+    // The iteration works on a copy (tensor handles and histories, not data) and commits at the end, so a
+    // model call that throws leaves the queue as it was.
+    std::deque<Slot> queue = queue_;
+    const bool enter = frames_ == 0 || entered_ < frames_;
+    if (enter) queue.push_back({d.noise(1), 0, {}, entered_});
+    if (queue.empty()) return {};
+    // The queue runs oldest first, so steps fall from front to back; a partition is a run of steps [k*w, (k+1)*w).
     size_t begin = 0;
-    while (begin < queue_.size()) {
-      const int64_t partition = queue_[begin].step / window_;
+    while (begin < queue.size()) {
+      const int64_t partition = queue[begin].step / window_;
       size_t end = begin;
       std::vector<torch::Tensor> xs;
       std::vector<int64_t> steps;
-      while (end < queue_.size() && queue_[end].step / window_ == partition) {
-        xs.push_back(queue_[end].x);
-        steps.push_back(queue_[end].step);
+      while (end < queue.size() && queue[end].step / window_ == partition) {
+        xs.push_back(queue[end].x);
+        steps.push_back(queue[end].step);
         ++end;
       }
       torch::Tensor out = d.predict(torch::cat(xs, 2), steps);
       for (size_t j = begin; j < end; ++j) {
-        Slot& s = queue_[j];
+        Slot& s = queue[j];
         s.x = sampler.step(s.x, out.narrow(2, static_cast<int64_t>(j - begin), 1), s.step, s.history);
         ++s.step;
       }
       begin = end;
     }
     std::vector<GeneratedFrame> clean;
-    while (!queue_.empty() && queue_.front().step == sampler.steps()) {
-      clean.push_back({queue_.front().x, queue_.front().index});
-      queue_.pop_front();
+    while (!queue.empty() && queue.front().step == sampler.steps()) {
+      clean.push_back({queue.front().x, queue.front().index});
+      queue.pop_front();
     }
+    queue_.swap(queue);
+    if (enter) ++entered_;
     return clean;
   }
   bool finished() const override { return frames_ > 0 && entered_ == frames_ && queue_.empty(); }

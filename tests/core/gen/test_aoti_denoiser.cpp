@@ -1,5 +1,6 @@
 // AOTInductor packages made by tools/export_denoiser.py from a diffusers WanTransformer3DModel: the C++ output
 // equals PyTorch's, and a damaged package or a wrong input is a clear error.
+#include <ATen/cpu/Utils.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -86,9 +87,11 @@ TEST(AotiDenoiser, RefusesInputsOutsideTheContract) {
   EXPECT_NE(predict_error(x, torch::zeros({3}), text).find("timesteps"), std::string::npos);
   EXPECT_NE(predict_error(x, t, torch::zeros({1, 8, 16})).find("[1, 7, 16]"), std::string::npos);
   EXPECT_NE(predict_error(x, t, torch::Tensor()).find("prompt embeddings"), std::string::npos);
-  // Other dtypes and non-contiguous inputs are converted, not refused.
-  torch::Tensor strided = torch::zeros({1, 4, 8, 3, 8}).transpose(2, 3);
-  EXPECT_EQ(tiny()->predict(strided.to(torch::kDouble), t, text).sizes(), x.sizes());
+  // Other dtypes and non-contiguous inputs are converted, not refused, and give what the contiguous input gives.
+  torch::Tensor strided = torch::randn({1, 4, 8, 3, 8}).transpose(2, 3);
+  torch::Tensor levels = torch::rand({1, 3}) * 1000;
+  EXPECT_TRUE(torch::equal(tiny()->predict(strided.to(torch::kDouble), levels, text),
+                           tiny()->predict(strided.contiguous(), levels, text)));
 }
 
 TEST(AotiDenoiser, DamagedPackagesAreClearErrors) {
@@ -102,6 +105,16 @@ TEST(AotiDenoiser, DamagedPackagesAreClearErrors) {
   EXPECT_NE(load_error("bad-prediction.pt2").find("latent.prediction"), std::string::npos);
   EXPECT_NE(load_error("bad-format.pt2").find("format 99"), std::string::npos);
   EXPECT_NE(load_error("bad-device.pt2").find("compiled for cuda"), std::string::npos);
+}
+
+// A package compiled where AVX-512 and AMX exist would die of SIGILL here at its first call.
+TEST(AotiDenoiser, APackageForAnotherCpuIsRefusedAtLoad) {
+  LATENT_REQUIRE_DENOISER_FIXTURES();
+  const auto caps = at::cpu::get_cpu_capabilities();
+  if (caps.count("amx_tile") && caps.at("amx_tile").toBool() && caps.at("avx512_f").toBool())
+    GTEST_SKIP() << "this CPU has AVX-512 and AMX";
+  const std::string error = load_error("bad-isa.pt2");
+  EXPECT_NE(error.find("this CPU lacks"), std::string::npos) << error;
 }
 
 TEST(AotiDenoiser, ACpuPackageRefusesAGpu) {
