@@ -67,9 +67,11 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
 }
 
 torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64_t>& steps) {
-  auto timesteps = torch::empty({1, static_cast<int64_t>(steps.size())}, torch::kFloat);
+  // Filled on the host and wrapped once: indexing a tensor element by element costs a dispatch per frame.
+  std::vector<float> levels(steps.size());
   for (size_t j = 0; j < steps.size(); ++j)
-    timesteps[0][static_cast<int64_t>(j)] = steps[j] >= sampler_.steps() ? 0.0 : sampler_.timestep(steps[j]);
+    levels[j] = steps[j] >= sampler_.steps() ? 0.0f : static_cast<float>(sampler_.timestep(steps[j]));
+  const torch::Tensor timesteps = torch::tensor(levels).view({1, -1});
   torch::Tensor cond = model_.predict(x, timesteps, text_);
   ++calls_;
   if (guidance_ == 1.0) return cond;

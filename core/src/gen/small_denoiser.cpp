@@ -18,6 +18,7 @@
 
 #include "gen/backends.h"
 #include "io/json.h"
+#include "io/numbers.h"
 #include "memory/residency.h"
 #include "nn/layers.h"
 #include "nn/winograd.h"
@@ -145,22 +146,12 @@ class MetadataReader {
   }
   int64_t integer(const std::string& key, int64_t lo, int64_t hi) const {
     const std::string& s = text(key);
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(s, &used);
-      if (used == s.size() && v >= lo && v <= hi) return v;
-    } catch (const std::exception&) {
-    }
+    if (auto v = bounded_integer(s, lo, hi)) return *v;
     fail(key, "\"" + s + "\" is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   double number(const std::string& key, double lo, double hi) const {
     const std::string& s = text(key);
-    try {
-      size_t used = 0;
-      const double v = std::stod(s, &used);
-      if (used == s.size() && v >= lo && v <= hi) return v;
-    } catch (const std::exception&) {
-    }
+    if (auto v = bounded_number(s, lo, hi)) return *v;
     fail(key, "\"" + s + "\" is not a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   template <class F>
