@@ -26,13 +26,18 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 }  // namespace
 
 void install_model_properties(GObjectClass* klass, const char* direction) {
-  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   std::string blurb = std::string("The VAE ") + direction +
                       " with: a diffusers folder (config.json + diffusion_pytorch_model.safetensors), a "
                       ".safetensors file or a Wan2.1_VAE.pth checkpoint. Unset: the embedded default model, " +
                       std::string(latent::kDefaultModelFile) + " (small, trained for demos and tests)";
-  g_object_class_install_property(klass, PROP_MODEL,
-                                  g_param_spec_string("model", "Model", blurb.c_str(), nullptr, flags));
+  install_model_properties(klass, blurb);
+}
+
+void install_model_properties(GObjectClass* klass, const std::string& model_blurb) {
+  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  // GObject keeps the blurb pointer for the life of the class.
+  const char* blurb = g_intern_string(model_blurb.c_str());
+  g_object_class_install_property(klass, PROP_MODEL, g_param_spec_string("model", "Model", blurb, nullptr, flags));
   g_object_class_install_property(
       klass, PROP_DEVICE,
       g_param_spec_string("device", "Device",
@@ -72,18 +77,16 @@ bool get_model_property(GObject* object, const ModelSettings& settings, guint id
   return true;
 }
 
-std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSettings& s) {
+bool load_model(GstElement* element, const ModelSettings& s, const DefaultModel& fallback, const Loader& load) {
   init_debug();
   std::string model = s.model;
   if (model.empty()) {
     try {
-      model = find_default_model().string();
+      model = fallback.find().string();
     } catch (const ModelError& e) {
-      GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("No model set, and the default model is missing."),
-                        ("%s. Set the 'model' property to a diffusers VAE folder, a .safetensors file or a .pth "
-                         "file.",
-                         e.what()));
-      return nullptr;
+      GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("No model set, and the default %s is missing.", fallback.what),
+                        ("%s. Set the 'model' property to %s.", e.what(), fallback.accepted));
+      return false;
     }
   }
   try {
@@ -92,7 +95,8 @@ std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSetting
     options.dtype = resolve_dtype(s.dtype, options.device);
     GST_INFO_OBJECT(element, "loading %s on %s as %s", model.c_str(), options.device.str().c_str(),
                     c10::toString(options.dtype));
-    return shared_vae(model, options);
+    load(model, options);
+    return true;
   } catch (const DeviceError& e) {
     GST_ELEMENT_ERROR(element, RESOURCE, NOT_FOUND, ("%s", e.what()), ("device property: %s", s.device.c_str()));
   } catch (const ModelError& e) {
@@ -108,7 +112,15 @@ std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSetting
     GST_ELEMENT_ERROR(element, RESOURCE, OPEN_READ,
                       ("Cannot load model '%s': %s", model.c_str(), first_line(e.what()).c_str()), ("%s", e.what()));
   }
-  return nullptr;
+  return false;
+}
+
+std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSettings& s) {
+  static const DefaultModel vae{"model", find_default_model,
+                                "a diffusers VAE folder, a .safetensors file or a .pth file"};
+  std::shared_ptr<const Vae> out;
+  load_model(element, s, vae, [&](const std::string& path, const LoadOptions& o) { out = shared_vae(path, o); });
+  return out;
 }
 
 void post_exception(GstElement* element, const char* doing, const std::exception& e) {

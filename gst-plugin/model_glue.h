@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,11 +25,26 @@ struct ModelSettings {
 
 enum ModelProperty { PROP_MODEL = 1, PROP_DEVICE, PROP_DTYPE, PROP_FIRST_FREE };
 
-// Installs "model", "device" and "dtype" as properties 1-3 (changes take effect at the next NULL->READY).
+// Installs "model", "device" and "dtype" as properties 1-3 (changes take effect at the next NULL->READY); the
+// first form describes a VAE used in `direction`, the second any model with the blurb given.
 void install_model_properties(GObjectClass* klass, const char* direction);
+void install_model_properties(GObjectClass* klass, const std::string& model_blurb);
 // Handles the three properties; false for any other id.
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value);
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value);
+
+// What an element loads when no model is set: a name for messages, where it is looked for, and what the model
+// property accepts instead.
+struct DefaultModel {
+  const char* what;
+  std::filesystem::path (*find)();
+  const char* accepted;
+};
+using Loader = std::function<void(const std::string& path, const LoadOptions& options)>;
+
+// Resolves the settings (the default model when none is set, the device, the dtype) and calls `load`. Every
+// failure is posted as an ERROR message naming the model and the problem; returns whether it loaded.
+bool load_model(GstElement* element, const ModelSettings& settings, const DefaultModel& fallback, const Loader& load);
 
 // Loads (or shares an already loaded copy of) the model. On failure posts an ERROR message naming the problem
 // and returns nullptr.

@@ -19,9 +19,11 @@ static gboolean plugin_init(GstPlugin* plugin) {
   ok |= GST_ELEMENT_REGISTER(latentfilesrc, plugin);
   ok |= GST_ELEMENT_REGISTER(vaedecode, plugin);
   ok |= GST_ELEMENT_REGISTER(vaeencode, plugin);
+  ok |= GST_ELEMENT_REGISTER(videogen, plugin);
   return ok;
 }
 
-GST_PLUGIN_DEFINE(GST_VERSION_MAJOR, GST_VERSION_MINOR, latent,
-                  "Streaming causal video VAEs (Wan 2.1, CogVideoX) and latent video I/O on LibTorch", plugin_init,
-                  LATENT_VERSION, "LGPL", LATENT_PACKAGE, LATENT_ORIGIN)
+GST_PLUGIN_DEFINE(
+    GST_VERSION_MAJOR, GST_VERSION_MINOR, latent,
+    "Streaming causal video VAEs (Wan 2.1, CogVideoX), latent video generation and latent video I/O on LibTorch",
+    plugin_init, LATENT_VERSION, "LGPL", LATENT_PACKAGE, LATENT_ORIGIN)

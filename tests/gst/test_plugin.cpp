@@ -11,6 +11,7 @@ static const std::set<std::string> kElements = {
     "latentfilesrc",
     "vaedecode",
     "vaeencode",
+    "videogen",
 };
 
 GST_START_TEST(test_plugin_loads_from_build_tree) {

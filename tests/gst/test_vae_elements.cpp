@@ -17,9 +17,13 @@
 #include <gst/check/gstharness.h>
 #include <gst/video/video.h>
 
+#include "pipeline_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using latent_test::Out;
+using latent_test::run;
 
 std::string fixtures() {
   const char* d = g_getenv("LATENT_VAE_FIXTURES");
@@ -29,55 +33,6 @@ std::string fixtures() {
 // the unset model property means the same file, which test_encode_negotiates_latent_caps relies on.
 std::string wan() { return LATENT_TEST_SOURCE_ROOT "/models/latent-tiny-wan.safetensors"; }
 std::string cog() { return fixtures() + "/cogvideox"; }
-
-struct Out {
-  std::vector<GstBuffer*> buffers;
-  GstCaps* caps = nullptr;
-  std::string error;  // empty when the pipeline reached EOS
-  ~Out() {
-    for (auto* b : buffers) gst_buffer_unref(b);
-    if (caps) gst_caps_unref(caps);
-  }
-};
-
-// Runs `desc` (ending in "appsink name=out") to EOS or ERROR and keeps what reached the sink.
-void run(const std::string& desc, Out& out, GstClockTime timeout = 120 * GST_SECOND) {
-  GError* err = nullptr;
-  GstElement* pipeline = gst_parse_launch(desc.c_str(), &err);
-  fail_unless(pipeline != nullptr, "cannot build %s: %s", desc.c_str(), err ? err->message : "?");
-  g_clear_error(&err);
-  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
-  if (sink) g_object_set(sink, "sync", FALSE, "emit-signals", FALSE, nullptr);
-  GstBus* bus = gst_element_get_bus(pipeline);
-  GstStateChangeReturn sret = gst_element_set_state(pipeline, GST_STATE_PLAYING);
-  GstMessage* msg = nullptr;
-  if (sret != GST_STATE_CHANGE_FAILURE && sink) {
-    // Pull on this thread so the buffers are ours in order.
-    for (;;) {
-      GstSample* s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), timeout);
-      if (!s) break;
-      if (!out.caps) out.caps = gst_caps_ref(gst_sample_get_caps(s));
-      out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
-      gst_sample_unref(s);
-    }
-  }
-  msg = gst_bus_timed_pop_filtered(bus, timeout, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
-  fail_unless(msg != nullptr, "pipeline neither ended nor failed: %s", desc.c_str());
-  if (GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
-    GError* e = nullptr;
-    gchar* dbg = nullptr;
-    gst_message_parse_error(msg, &e, &dbg);
-    out.error = e->message;
-    GST_INFO("error: %s (%s)", e->message, dbg ? dbg : "");
-    g_clear_error(&e);
-    g_free(dbg);
-  }
-  gst_message_unref(msg);
-  gst_element_set_state(pipeline, GST_STATE_NULL);
-  gst_object_unref(bus);
-  if (sink) gst_object_unref(sink);
-  gst_object_unref(pipeline);
-}
 
 std::string src(int frames, int w = 64, int h = 48, const char* format = "RGB") {
   return "videotestsrc num-buffers=" + std::to_string(frames) + " pattern=ball ! video/x-raw,format=" + format +

@@ -93,7 +93,7 @@ check() {
   }
   echo "$out"
   grep -q "Filename *$plugin" <<<"$out" || fail "gst-inspect-1.0 did not load $plugin"
-  for e in vaeencode vaedecode latentfilesink latentfilesrc; do
+  for e in vaeencode vaedecode videogen latentfilesink latentfilesrc; do
     grep -qE "^ *$e:" <<<"$out" || fail "element $e missing"
   done
 
@@ -118,6 +118,20 @@ check() {
   local frames
   frames=$(grep -c 'last-message = chain' <<<"$out" || true)
   [ "$frames" -eq 5 ] || fail "5 frames in, $frames frames out"
+
+  echo "== generation through the installed plugin with the default generator and VAE"
+  set +e
+  out=$(clean GST_DEBUG=latentmodel:4 GST_DEBUG_NO_COLOR=1 "$gst_launch" -v videogen num-frames=6 steps=2 ! \
+    vaedecode ! fakesink silent=false 2>&1)
+  rc=$?
+  set -e
+  [ $rc -eq 0 ] || {
+    echo "$out"
+    fail "the generation pipeline failed (exit status $rc)"
+  }
+  grep -q "loading $models/latent-gen-small.safetensors " <<<"$out" || fail "the default generator was not loaded from $models"
+  frames=$(grep -c 'last-message = chain' <<<"$out" || true)
+  [ "$frames" -eq 6 ] || fail "num-frames=6 gave $frames frames"
 }
 
 check "$tmp/root"

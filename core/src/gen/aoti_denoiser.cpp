@@ -87,6 +87,15 @@ DenoiserSpec spec_from(const std::filesystem::path& path, const Metadata& md) {
   s.sampler.steps = r.integer("latent.steps", 1, 1000);
   s.sampler.shift = r.number("latent.shift", 1e-3, 1e3);
   s.guidance = r.number("latent.guidance", 0.0, 100.0);
+  s.native_height = s.height;
+  s.native_width = s.width;
+  read_optional_contract(
+      s,
+      [&](const std::string& key) -> const std::string* {
+        auto it = md.find(key);
+        return it == md.end() ? nullptr : &it->second;
+      },
+      path.string(), "latent.");
   return s;
 }
 

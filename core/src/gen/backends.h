@@ -2,12 +2,23 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "latent/gen/denoiser.h"
 #include "latent/io/weights.h"
 
 namespace latent {
+
+// A metadata value by key, or null when absent.
+using MetadataLookup = std::function<const std::string*(const std::string& key)>;
+
+// Reads the optional part of the contract every backend shares, each key being `prefix` + its name:
+// temporal_factor, spatial_factor, native_height, native_width (integers) and latents_mean, latents_std (JSON
+// lists of spec.channels numbers, std > 0, both or neither). Throws ModelError naming `where` and the key.
+void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, const std::string& where,
+                            const std::string& prefix);
 
 // gen/aoti_denoiser.cpp: a .pt2 package from tools/export_denoiser.py.
 std::shared_ptr<Denoiser> load_aoti_denoiser(const std::filesystem::path& path, const LoadOptions& opt);

@@ -193,6 +193,13 @@ DenoiserSpec spec_from(const WeightSource& src, const SmallConfig& cfg) {
   } catch (const SamplerError& e) {
     md.fail("sampler", e.what());
   }
+  read_optional_contract(
+      s,
+      [&](const std::string& key) -> const std::string* {
+        auto it = src.metadata.find(key);
+        return it == src.metadata.end() ? nullptr : &it->second;
+      },
+      src.weights.string(), "");
   return s;
 }
 

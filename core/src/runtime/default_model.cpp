@@ -34,14 +34,12 @@ fs::path models_dir_beside_library() {
   return {};
 }
 
-}  // namespace
-
-std::vector<fs::path> default_model_candidates() {
-  if (const char* env = std::getenv("LATENT_DEFAULT_MODEL"); env && *env) return {fs::path(env)};
+std::vector<fs::path> candidates(const char* env_name, const char* file) {
+  if (const char* env = std::getenv(env_name); env && *env) return {fs::path(env)};
   std::vector<fs::path> out;
-  if (fs::path dir = models_dir_beside_library(); !dir.empty()) out.push_back(dir / kDefaultModelFile);
+  if (fs::path dir = models_dir_beside_library(); !dir.empty()) out.push_back(dir / file);
   for (const char* dir : {LATENT_INSTALLED_MODELS_DIR, LATENT_SOURCE_MODELS_DIR}) {
-    fs::path p = fs::path(dir) / kDefaultModelFile;
+    fs::path p = fs::path(dir) / file;
     bool seen = false;
     for (const auto& q : out) seen = seen || q == p;
     if (!seen) out.push_back(p);
@@ -49,15 +47,28 @@ std::vector<fs::path> default_model_candidates() {
   return out;
 }
 
-fs::path find_default_model() {
-  const auto candidates = default_model_candidates();
+fs::path first_existing(const std::vector<fs::path>& candidates, const char* what, const char* file) {
   std::string looked;
   for (const auto& p : candidates) {
     std::error_code ec;
     if (fs::is_regular_file(p, ec)) return p;
     looked += (looked.empty() ? "" : ", ") + p.string();
   }
-  throw ModelError("the default model " + std::string(kDefaultModelFile) + " was not found (looked at " + looked + ")");
+  throw ModelError(std::string("the default ") + what + " " + file + " was not found (looked at " + looked + ")");
+}
+
+}  // namespace
+
+std::vector<fs::path> default_model_candidates() { return candidates("LATENT_DEFAULT_MODEL", kDefaultModelFile); }
+
+fs::path find_default_model() { return first_existing(default_model_candidates(), "model", kDefaultModelFile); }
+
+std::vector<fs::path> default_generator_candidates() {
+  return candidates("LATENT_DEFAULT_GENERATOR", kDefaultGeneratorFile);
+}
+
+fs::path find_default_generator() {
+  return first_existing(default_generator_candidates(), "generator", kDefaultGeneratorFile);
 }
 
 }  // namespace latent

@@ -1,5 +1,5 @@
-// The embedded default model (models/latent-tiny-wan.safetensors): found where the elements look for it,
-// within the size budget, and run by the engine exactly as diffusers runs the same trained weights.
+// The embedded default models (models/latent-tiny-wan.safetensors, models/latent-gen-small.safetensors): found
+// where the elements look for them, within the size budget; the VAE runs exactly as diffusers runs its weights.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "latent/gen/denoiser.h"
 #include "latent/io/weights.h"
 #include "latent/runtime/default_model.h"
 #include "latent/vae/streaming.h"
@@ -88,5 +89,32 @@ TEST(DefaultModel, MatchesDiffusersOnTheTrainedWeights) {
     double dec_err = rel_err(dec, clip_frames(ref.tensor("decoded." + c.key())));
     EXPECT_LE(dec_err, kTol) << c.key();
     std::printf("default model %-10s encode max rel err %.3g, decode %.3g\n", c.key().c_str(), enc_err, dec_err);
+  }
+}
+
+// The default generator (models/latent-gen-small.safetensors) makes latents the default VAE decodes.
+TEST(DefaultGenerator, IsShippedAndFound) {
+  const fs::path p = find_default_generator();
+  EXPECT_EQ(p.filename(), kDefaultGeneratorFile);
+  EXPECT_LE(fs::file_size(p), 20u << 20) << "the default generator must stay within 20 MB";
+  const DenoiserSpec s = load_denoiser(p)->spec();
+  EXPECT_EQ(s.latent_space, default_vae()->spec().model_id);
+  EXPECT_EQ(s.channels, default_vae()->spec().latent_channels);
+  EXPECT_EQ(s.temporal_factor, default_vae()->spec().temporal_factor);
+  EXPECT_EQ(s.spatial_factor, default_vae()->spec().spatial_factor);
+  EXPECT_GT(s.native_height, 0) << "videogen needs a size to make when none is set";
+  EXPECT_EQ(s.latents_mean.size(), 16u) << "trained on normalised latents, it must say how to undo that";
+  EXPECT_EQ(s.latents_std.size(), 16u);
+}
+
+TEST(DefaultGenerator, HasItsOwnVariable) {
+  ScopedEnv model("LATENT_DEFAULT_MODEL", "/nonexistent/tiny.safetensors");
+  ScopedEnv env("LATENT_DEFAULT_GENERATOR", "/nonexistent/gen.safetensors");
+  EXPECT_EQ(default_generator_candidates(), std::vector<fs::path>{"/nonexistent/gen.safetensors"});
+  try {
+    find_default_generator();
+    FAIL() << "a missing default generator must be an error";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("default generator"), std::string::npos) << e.what();
   }
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "latent/gen/sampler.h"
 #include "latent/vae/vae.h"
@@ -33,6 +34,16 @@ struct DenoiserSpec {
   // The sampler and classifier-free guidance scale its authors recommend.
   SamplerOptions sampler;
   double guidance = 1.0;
+  // The VAE's compression: video frames per latent frame (the first latent stands for one frame) and pixels per
+  // latent row and column. 4 and 8 where the file does not say: every supported family (Wan 2.1, CogVideoX).
+  int64_t temporal_factor = 4;
+  int64_t spatial_factor = 8;
+  // The latent size it was trained at, which videogen makes when none is set; 0 where the file does not say.
+  int64_t native_height = 0;
+  int64_t native_width = 0;
+  // Per-channel statistics of the VAE's latents: the model works in (z - latents_mean) / latents_std, as
+  // diffusion models are trained, and a Generator hands out z. Both empty where it works in z itself.
+  std::vector<double> latents_mean, latents_std;
 };
 
 class Denoiser {

@@ -46,8 +46,10 @@ struct GeneratorOptions {
 };
 
 struct GeneratedFrame {
-  torch::Tensor latent;  // [1, C, 1, h, w] float32 on the denoiser's device
-  int64_t index = 0;     // latent frame number from 0
+  // [1, C, 1, h, w] float32 on the denoiser's device, in the VAE's latent space (DenoiserSpec::latents_mean /
+  // latents_std undone), ready for its decoder.
+  torch::Tensor latent;
+  int64_t index = 0;  // latent frame number from 0
 };
 
 class Generator {

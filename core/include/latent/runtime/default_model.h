@@ -1,5 +1,6 @@
-// The embedded default model: a small Wan 2.1-architecture VAE trained by tools/train_default_vae.py and
-// shipped in models/. It is what the elements load when no model is named.
+// The embedded default models, shipped in models/ and loaded when no model is named: a small Wan 2.1-architecture
+// VAE (tools/train_default_vae.py) for vaeencode / vaedecode, and a small generator in its latents
+// (tools/train_default_generator.py) for videogen.
 #pragma once
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 namespace latent {
 
 inline constexpr const char* kDefaultModelFile = "latent-tiny-wan.safetensors";
+inline constexpr const char* kDefaultGeneratorFile = "latent-gen-small.safetensors";
 
 // Where the default model is looked for, in order: $LATENT_DEFAULT_MODEL (a file; when set it is the only
 // candidate, so a wrong value is reported instead of silently replaced), the data directory next to the
@@ -18,5 +20,9 @@ std::vector<std::filesystem::path> default_model_candidates();
 
 // The first existing candidate. Throws ModelError listing every place looked at when there is none.
 std::filesystem::path find_default_model();
+
+// The same places for the default generator, with $LATENT_DEFAULT_GENERATOR in place of $LATENT_DEFAULT_MODEL.
+std::vector<std::filesystem::path> default_generator_candidates();
+std::filesystem::path find_default_generator();
 
 }  // namespace latent

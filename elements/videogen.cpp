@@ -1,0 +1,645 @@
+#include "videogen.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <numeric>
+#include <optional>
+
+#include "elements.h"
+#include "latent/gen/generator.h"
+#include "latent/io/safetensors.h"
+#include "latent/runtime/default_model.h"
+#include "latent_caps.h"
+#include "model_glue.h"
+
+GST_DEBUG_CATEGORY_STATIC(video_gen_debug);
+#define GST_CAT_DEFAULT video_gen_debug
+
+using latent::gst::Fraction;
+using latent::gst::LatentCapsInfo;
+using latent::gst::LatentFrameStamp;
+
+namespace {
+
+enum {
+  PROP_SCHEDULE = latent::gst::PROP_FIRST_FREE,
+  PROP_SAMPLER,
+  PROP_STEPS,
+  PROP_SHIFT,
+  PROP_GUIDANCE_SCALE,
+  PROP_SEED,
+  PROP_NUM_FRAMES,
+  PROP_WIDTH,
+  PROP_HEIGHT,
+  PROP_FRAMERATE,
+  PROP_WINDOW,
+  PROP_CONTEXT,
+  PROP_PROMPT_EMBEDS,
+  PROP_IS_LIVE,
+  PROP_LATENTS_GENERATED,
+  PROP_MODEL_CALLS,
+  PROP_MEAN_CALL_TIME,
+};
+
+// The sampler choice: the model's own, or one of the core's samplers.
+enum SamplerChoice { SAMPLER_DEFAULT, SAMPLER_EULER, SAMPLER_UNIPC, SAMPLER_DDIM };
+
+constexpr double kModelGuidance = -1.0;
+constexpr gint kAutoContext = -1;
+
+struct Settings {
+  latent::gst::ModelSettings model;
+  latent::ScheduleKind schedule = latent::ScheduleKind::fifo;
+  SamplerChoice sampler = SAMPLER_DEFAULT;
+  guint steps = 0;     // 0: the model's
+  double shift = 0.0;  // 0: the model's
+  double guidance = kModelGuidance;
+  guint64 seed = 0;
+  gint64 num_frames = -1;  // video frames; -1 endless
+  gint width = 0, height = 0;
+  Fraction framerate{16, 1};
+  guint window = 0;  // 0: the model's
+  gint context = kAutoContext;
+  std::string prompt_embeds;
+};
+
+// What start() decided for a run: the generator, the caps it makes and how many latents and frames.
+struct Run {
+  std::unique_ptr<latent::Generator> generator;
+  LatentCapsInfo caps;
+  uint64_t video_frames = 0;  // 0: endless
+};
+
+struct Impl {
+  Settings settings;  // object lock
+
+  std::shared_ptr<const latent::Denoiser> denoiser;
+  std::optional<Run> run;
+  std::deque<latent::GeneratedFrame> pending;
+  uint64_t emitted = 0;  // latents pushed since the start or the last seek
+  bool discont = true;
+  GstClockTime first_latent_time = 0;  // measured in a live start(); the LATENCY answer
+
+  std::atomic<guint64> latents{0}, calls{0};
+  latent::gst::ChunkStats stats;
+};
+
+}  // namespace
+
+struct _GstVideoGen {
+  GstPushSrc parent;
+  Impl* impl;
+};
+
+G_DEFINE_TYPE_WITH_CODE(GstVideoGen, gst_video_gen, GST_TYPE_PUSH_SRC,
+                        GST_DEBUG_CATEGORY_INIT(video_gen_debug, "videogen", 0, "latent video generator"));
+GST_ELEMENT_REGISTER_DEFINE(videogen, "videogen", GST_RANK_NONE, GST_TYPE_VIDEO_GEN);
+
+GType gst_video_gen_schedule_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {
+      {int(latent::ScheduleKind::clip), "One clip denoised at once (at most one window of latents)", "clip"},
+      {int(latent::ScheduleKind::fifo),
+       "FIFO-Diffusion: a queue of frames at rising noise levels, one frame out per iteration; endless", "fifo"},
+      {int(latent::ScheduleKind::rolling),
+       "Windows that carry their last clean frames into the next as context; endless", "rolling"},
+      {0, nullptr, nullptr}};
+  if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstVideoGenSchedule", values));
+  return type;
+}
+
+GType gst_video_gen_sampler_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {{SAMPLER_DEFAULT, "The sampler the model's file recommends", "default"},
+                                      {SAMPLER_EULER, "Flow-matching Euler with shift", "euler"},
+                                      {SAMPLER_UNIPC, "UniPC for flow matching (order 2, Wan 2.1's)", "unipc"},
+                                      {SAMPLER_DDIM, "DDIM for v or epsilon prediction (CogVideoX's)", "ddim"},
+                                      {0, nullptr, nullptr}};
+  if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstVideoGenSampler", values));
+  return type;
+}
+
+namespace {
+
+// Latent frame k stands for video frames [first, end): the first latent for one frame, every later one for
+// temporal_factor, the last for what remains of num-frames.
+LatentFrameStamp stamp_for(const Run& run, uint64_t k) {
+  const uint64_t tf = uint64_t(run.caps.temporal_factor);
+  LatentFrameStamp s;
+  s.first_frame = k == 0 ? 0 : 1 + tf * (k - 1);
+  s.end_frame = k == 0 ? 1 : 1 + tf * k;
+  if (run.video_frames > 0) s.end_frame = std::min<uint64_t>(s.end_frame, run.video_frames);
+  const Fraction fps = run.caps.video_framerate;
+  const auto time_of = [&](uint64_t frame) {
+    return gst_util_uint64_scale(frame, GST_SECOND * uint64_t(fps.den), uint64_t(fps.num));
+  };
+  s.pts = time_of(s.first_frame);
+  s.duration = time_of(s.end_frame) - s.pts;
+  return s;
+}
+
+uint64_t latents_for_frames(uint64_t frames, int64_t temporal_factor) {
+  return frames == 0 ? 0 : 1 + (frames - 1 + uint64_t(temporal_factor) - 1) / uint64_t(temporal_factor);
+}
+
+// A safetensors file with `prompt_embeds` [1, L, D] and, for guidance, `negative_prompt_embeds`.
+void load_prompt_embeds(const std::string& path, latent::GeneratorOptions& o) {
+  latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
+  if (!file.contains("prompt_embeds"))
+    throw std::invalid_argument("prompt-embeds file " + path +
+                                " has no tensor \"prompt_embeds\" (write it with tools/encode_prompt.py)");
+  o.text = file.tensor("prompt_embeds").to(torch::kFloat).clone();
+  if (file.contains("negative_prompt_embeds"))
+    o.negative_text = file.tensor("negative_prompt_embeds").to(torch::kFloat).clone();
+}
+
+// The generator options and caps for the settings; throws std::invalid_argument naming the setting.
+Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Settings& s) {
+  const latent::DenoiserSpec& spec = model->spec();
+  latent::GeneratorOptions o;
+  o.schedule = s.schedule;
+  o.sampler = spec.sampler;
+  if (s.sampler != SAMPLER_DEFAULT)
+    o.sampler.kind = s.sampler == SAMPLER_EULER   ? latent::SamplerKind::euler
+                     : s.sampler == SAMPLER_UNIPC ? latent::SamplerKind::unipc
+                                                  : latent::SamplerKind::ddim;
+  if (s.steps > 0) o.sampler.steps = s.steps;
+  if (s.shift > 0.0) o.sampler.shift = s.shift;
+  o.guidance = s.guidance == kModelGuidance ? spec.guidance : s.guidance;
+  o.seed = s.seed;
+  o.window = s.window;
+
+  const int64_t sf = spec.spatial_factor;
+  if ((s.width == 0) != (s.height == 0)) throw std::invalid_argument("set both width and height, or neither");
+  if (s.width > 0) {
+    const int64_t unit = sf * spec.size_multiple;
+    if (s.width % unit != 0 || s.height % unit != 0)
+      throw std::invalid_argument("width and height must be multiples of " + std::to_string(unit) +
+                                  " pixels for this model (" + std::to_string(sf) +
+                                  " per latent, latents in multiples of " + std::to_string(spec.size_multiple) +
+                                  "); got " + std::to_string(s.width) + "x" + std::to_string(s.height));
+    o.width = s.width / sf;
+    o.height = s.height / sf;
+  } else if (spec.native_height > 0) {
+    o.width = spec.native_width;
+    o.height = spec.native_height;
+  } else {
+    throw std::invalid_argument("this model declares no size: set width and height");
+  }
+  const int64_t window = o.window > 0 ? o.window : spec.window;
+  if (o.schedule == latent::ScheduleKind::rolling)
+    o.context = s.context == kAutoContext ? std::max<int64_t>(1, window / 4) : s.context;
+
+  Run run;
+  uint64_t latents = 0;
+  if (s.num_frames >= 0) {
+    run.video_frames = uint64_t(s.num_frames);
+    latents = latents_for_frames(run.video_frames, spec.temporal_factor);
+  } else if (o.schedule == latent::ScheduleKind::clip) {
+    latents = uint64_t(window);  // an endless clip is one window
+    run.video_frames = 1 + uint64_t(spec.temporal_factor) * (latents - 1);
+  }
+  if (o.schedule == latent::ScheduleKind::clip && latents > uint64_t(window))
+    throw std::invalid_argument("num-frames " + std::to_string(s.num_frames) + " needs " + std::to_string(latents) +
+                                " latents; the clip schedule makes at most " + std::to_string(window) + " (" +
+                                std::to_string(1 + spec.temporal_factor * (window - 1)) +
+                                " frames): use schedule=fifo or rolling for longer videos");
+  o.frames = int64_t(latents);
+  if (!s.prompt_embeds.empty()) load_prompt_embeds(s.prompt_embeds, o);
+  if (spec.text_tokens > 0 && !o.text.defined())
+    throw std::invalid_argument("this model needs prompt embeddings [1, " + std::to_string(spec.text_tokens) + ", " +
+                                std::to_string(spec.text_dim) + "]: set prompt-embeds (tools/encode_prompt.py)");
+  if (latents > 0 || s.num_frames < 0) run.generator = std::make_unique<latent::Generator>(model, o);
+
+  LatentCapsInfo& c = run.caps;
+  c.model = spec.latent_space;
+  c.format = latent::gst::latent_format_for(model->dtype());
+  c.channels = int(spec.channels);
+  c.width = int(o.width);
+  c.height = int(o.height);
+  c.temporal_factor = int(spec.temporal_factor);
+  c.spatial_factor = int(sf);
+  c.video_width = int(o.width * sf);
+  c.video_height = int(o.height * sf);
+  c.video_framerate = s.framerate;
+  const int g = std::gcd(s.framerate.num, s.framerate.den * c.temporal_factor);
+  c.framerate = {s.framerate.num / g, s.framerate.den * c.temporal_factor / g};
+  return run;
+}
+
+// The latent as a CPU tensor [C, h, w] in the wire format, owned by the buffer that wraps it.
+GstBuffer* buffer_of(const latent::GeneratedFrame& frame, const LatentCapsInfo& caps) {
+  torch::Tensor t = frame.latent[0].select(1, 0).to(torch::kCPU).to(caps.scalar_type()).contiguous();
+  return latent::gst::buffer_wrapping_tensor(t);
+}
+
+void generate(GstVideoGen* self) {
+  Impl& s = *self->impl;
+  const int64_t calls_before = s.run->generator->model_calls();
+  auto t0 = std::chrono::steady_clock::now();
+  for (auto& f : s.run->generator->next()) s.pending.push_back(std::move(f));
+  const int64_t calls = s.run->generator->model_calls() - calls_before;
+  s.calls += guint64(calls);
+  if (calls > 0) {
+    const auto per_call = (std::chrono::steady_clock::now() - t0) / calls;
+    for (int64_t i = 0; i < calls; ++i) s.stats.add(per_call);
+  }
+}
+
+GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
+  auto* self = GST_VIDEO_GEN(push);
+  Impl& s = *self->impl;
+  if (!s.run) return GST_FLOW_FLUSHING;
+  try {
+    if (s.pending.empty()) {
+      if (!s.run->generator || s.run->generator->finished()) return GST_FLOW_EOS;
+      generate(self);
+      if (s.pending.empty()) return GST_FLOW_EOS;
+    }
+    const latent::GeneratedFrame frame = std::move(s.pending.front());
+    s.pending.pop_front();
+    GstBuffer* buffer = buffer_of(frame, s.run->caps);
+    latent::gst::apply_stamp(buffer, stamp_for(*s.run, uint64_t(frame.index)));
+    if (s.discont) {
+      GST_BUFFER_FLAG_SET(buffer, GST_BUFFER_FLAG_DISCONT);
+      s.discont = false;
+    }
+    s.emitted++;
+    s.latents++;
+    *out = buffer;
+    return GST_FLOW_OK;
+  } catch (const std::exception& e) {
+    latent::gst::post_exception(GST_ELEMENT(self), "generating", e);
+  }
+  return GST_FLOW_ERROR;
+}
+
+gboolean start(GstBaseSrc* base) {
+  auto* self = GST_VIDEO_GEN(base);
+  Impl& s = *self->impl;
+  GST_OBJECT_LOCK(self);
+  const Settings settings = s.settings;
+  GST_OBJECT_UNLOCK(self);
+  if (!s.denoiser) {
+    GST_ELEMENT_ERROR(self, CORE, STATE_CHANGE, ("No model loaded."), (nullptr));
+    return FALSE;
+  }
+  try {
+    s.run = plan_run(s.denoiser, settings);
+  } catch (const std::invalid_argument& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot generate with these settings: %s", e.what()),
+                      ("model latent space %s", s.denoiser->spec().latent_space.c_str()));
+    return FALSE;
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ,
+                      ("Cannot read prompt-embeds '%s': %s", settings.prompt_embeds.c_str(), e.what()), (nullptr));
+    return FALSE;
+  }
+  s.pending.clear();
+  s.emitted = 0;
+  s.discont = true;
+  s.latents = s.calls = 0;
+  s.stats.reset();
+  s.first_latent_time = 0;
+  GST_INFO_OBJECT(self, "generating %s: %" G_GUINT64_FORMAT " video frames (0: endless)",
+                  s.run->caps.to_string().c_str(), s.run->video_frames);
+  // A live source must say how late its buffers are before it plays; the time to the first latent is measured
+  // here, not guessed, and those latents are the first ones pushed.
+  if (gst_base_src_is_live(base) && s.run->generator) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      generate(self);
+    } catch (const std::exception& e) {
+      latent::gst::post_exception(GST_ELEMENT(self), "generating the first latents", e);
+      return FALSE;
+    }
+    s.first_latent_time = GstClockTime(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    GST_INFO_OBJECT(self, "first latent after %" GST_TIME_FORMAT, GST_TIME_ARGS(s.first_latent_time));
+  }
+  return TRUE;
+}
+
+gboolean stop(GstBaseSrc* base) {
+  Impl& s = *GST_VIDEO_GEN(base)->impl;
+  s.run.reset();
+  s.pending.clear();
+  return TRUE;
+}
+
+// Everything in the caps is decided by the model and the properties; a downstream that wants something else
+// gets told what this generator makes.
+gboolean negotiate(GstBaseSrc* base) {
+  auto* self = GST_VIDEO_GEN(base);
+  Impl& s = *self->impl;
+  if (!s.run) return FALSE;
+  GstCaps* ours = s.run->caps.to_caps();
+  GstCaps* accepted = gst_pad_peer_query_caps(GST_BASE_SRC_PAD(base), ours);
+  const bool fits = !gst_caps_is_empty(accepted);
+  gst_caps_unref(accepted);
+  if (!fits) {
+    GstCaps* wanted = gst_pad_peer_query_caps(GST_BASE_SRC_PAD(base), nullptr);
+    gchar* want = gst_caps_to_string(wanted);
+    const LatentCapsInfo& c = s.run->caps;
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION,
+                      ("The generator makes latents of model '%s' (%d channels, %dx%d latents for %dx%d video); "
+                       "downstream accepts none of them.",
+                       c.model.c_str(), c.channels, c.width, c.height, c.video_width, c.video_height),
+                      ("downstream accepts %s", want));
+    g_free(want);
+    gst_caps_unref(wanted);
+    gst_caps_unref(ours);
+    return FALSE;
+  }
+  gboolean ok = gst_base_src_set_caps(base, ours);
+  gst_caps_unref(ours);
+  return ok;
+}
+
+GstCaps* get_caps(GstBaseSrc* base, GstCaps* filter) {
+  Impl& s = *GST_VIDEO_GEN(base)->impl;
+  GstCaps* caps = s.run ? s.run->caps.to_caps() : gst_pad_get_pad_template_caps(GST_BASE_SRC_PAD(base));
+  if (filter) {
+    GstCaps* both = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(caps);
+    caps = both;
+  }
+  return caps;
+}
+
+gboolean is_seekable(GstBaseSrc* base) { return !gst_base_src_is_live(base); }
+
+// Generation has no random access: a seek to the start replays the stream (same seed, same latents); any other
+// position is refused here, before basesrc flushes, so a refused seek leaves the stream running as it was.
+gboolean src_event(GstBaseSrc* base, GstEvent* event) {
+  if (GST_EVENT_TYPE(event) == GST_EVENT_SEEK) {
+    GstFormat format;
+    GstSeekType start_type, stop_type;
+    gint64 start, stop;
+    gst_event_parse_seek(event, nullptr, &format, nullptr, &start_type, &start, &stop_type, &stop);
+    if (format != GST_FORMAT_TIME || start_type != GST_SEEK_TYPE_SET || start != 0) {
+      GST_WARNING_OBJECT(base, "only a seek to the start is possible; refused one to %s %" G_GINT64_FORMAT,
+                         gst_format_get_name(format), start);
+      return FALSE;
+    }
+  }
+  return GST_BASE_SRC_CLASS(gst_video_gen_parent_class)->event(base, event);
+}
+
+gboolean do_seek(GstBaseSrc* base, GstSegment* segment) {
+  auto* self = GST_VIDEO_GEN(base);
+  Impl& s = *self->impl;
+  if (segment->format != GST_FORMAT_TIME || segment->start != 0) return FALSE;
+  segment->time = 0;
+  segment->position = 0;
+  if (s.run && s.emitted > 0) {
+    if (s.run->generator) s.run->generator->reset();
+    s.pending.clear();
+    s.emitted = 0;
+    s.discont = true;
+  }
+  return TRUE;
+}
+
+// basesrc waits on the clock until a live buffer's time, so a generator faster than real time plays in real time.
+void get_times(GstBaseSrc* base, GstBuffer* buffer, GstClockTime* start, GstClockTime* end) {
+  *start = *end = GST_CLOCK_TIME_NONE;
+  if (!gst_base_src_is_live(base)) return;
+  *start = GST_BUFFER_PTS(buffer);
+  if (GST_CLOCK_TIME_IS_VALID(*start) && GST_BUFFER_DURATION_IS_VALID(buffer))
+    *end = *start + GST_BUFFER_DURATION(buffer);
+}
+
+gboolean query(GstBaseSrc* base, GstQuery* q) {
+  Impl& s = *GST_VIDEO_GEN(base)->impl;
+  if (GST_QUERY_TYPE(q) == GST_QUERY_LATENCY && gst_base_src_is_live(base)) {
+    gst_query_set_latency(q, TRUE, s.first_latent_time, GST_CLOCK_TIME_NONE);
+    return TRUE;
+  }
+  return GST_BASE_SRC_CLASS(gst_video_gen_parent_class)->query(base, q);
+}
+
+GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
+  auto* self = GST_VIDEO_GEN(element);
+  Impl& s = *self->impl;
+  if (transition == GST_STATE_CHANGE_NULL_TO_READY) {
+    static const latent::gst::DefaultModel generator{
+        "generator", latent::find_default_generator,
+        "a .pt2 package from tools/export_denoiser.py or latent-gen-small weights"};
+    GST_OBJECT_LOCK(self);
+    const latent::gst::ModelSettings settings = s.settings.model;
+    GST_OBJECT_UNLOCK(self);
+    const bool loaded = latent::gst::load_model(
+        element, settings, generator,
+        [&](const std::string& path, const latent::LoadOptions& o) { s.denoiser = latent::load_denoiser(path, o); });
+    if (!loaded) return GST_STATE_CHANGE_FAILURE;
+  }
+  GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_video_gen_parent_class)->change_state(element, transition);
+  if (transition == GST_STATE_CHANGE_READY_TO_NULL) s.denoiser.reset();
+  return ret;
+}
+
+void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VIDEO_GEN(object);
+  Settings& s = self->impl->settings;
+  if (latent::gst::set_model_property(object, s.model, id, value)) return;
+  if (id == PROP_IS_LIVE) {
+    gst_base_src_set_live(GST_BASE_SRC(self), g_value_get_boolean(value));
+    return;
+  }
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_SCHEDULE: s.schedule = latent::ScheduleKind(g_value_get_enum(value)); break;
+    case PROP_SAMPLER: s.sampler = SamplerChoice(g_value_get_enum(value)); break;
+    case PROP_STEPS: s.steps = g_value_get_uint(value); break;
+    case PROP_SHIFT: s.shift = g_value_get_double(value); break;
+    case PROP_GUIDANCE_SCALE: s.guidance = g_value_get_double(value); break;
+    case PROP_SEED: s.seed = g_value_get_uint64(value); break;
+    case PROP_NUM_FRAMES: s.num_frames = g_value_get_int64(value); break;
+    case PROP_WIDTH: s.width = g_value_get_int(value); break;
+    case PROP_HEIGHT: s.height = g_value_get_int(value); break;
+    case PROP_FRAMERATE:
+      s.framerate = {gst_value_get_fraction_numerator(value), gst_value_get_fraction_denominator(value)};
+      break;
+    case PROP_WINDOW: s.window = g_value_get_uint(value); break;
+    case PROP_CONTEXT: s.context = g_value_get_int(value); break;
+    case PROP_PROMPT_EMBEDS: s.prompt_embeds = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VIDEO_GEN(object);
+  Impl& impl = *self->impl;
+  const Settings& s = impl.settings;
+  if (latent::gst::get_model_property(object, s.model, id, value)) return;
+  switch (id) {
+    case PROP_IS_LIVE: g_value_set_boolean(value, gst_base_src_is_live(GST_BASE_SRC(self))); return;
+    case PROP_LATENTS_GENERATED: g_value_set_uint64(value, impl.latents.load()); return;
+    case PROP_MODEL_CALLS: g_value_set_uint64(value, impl.calls.load()); return;
+    case PROP_MEAN_CALL_TIME: g_value_set_uint64(value, impl.stats.mean()); return;
+    default: break;
+  }
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_SCHEDULE: g_value_set_enum(value, int(s.schedule)); break;
+    case PROP_SAMPLER: g_value_set_enum(value, s.sampler); break;
+    case PROP_STEPS: g_value_set_uint(value, s.steps); break;
+    case PROP_SHIFT: g_value_set_double(value, s.shift); break;
+    case PROP_GUIDANCE_SCALE: g_value_set_double(value, s.guidance); break;
+    case PROP_SEED: g_value_set_uint64(value, s.seed); break;
+    case PROP_NUM_FRAMES: g_value_set_int64(value, s.num_frames); break;
+    case PROP_WIDTH: g_value_set_int(value, s.width); break;
+    case PROP_HEIGHT: g_value_set_int(value, s.height); break;
+    case PROP_FRAMERATE: gst_value_set_fraction(value, s.framerate.num, s.framerate.den); break;
+    case PROP_WINDOW: g_value_set_uint(value, s.window); break;
+    case PROP_CONTEXT: g_value_set_int(value, s.context); break;
+    case PROP_PROMPT_EMBEDS:
+      g_value_set_string(value, s.prompt_embeds.empty() ? nullptr : s.prompt_embeds.c_str());
+      break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+void finalize(GObject* object) {
+  delete GST_VIDEO_GEN(object)->impl;
+  G_OBJECT_CLASS(gst_video_gen_parent_class)->finalize(object);
+}
+
+void install_properties(GObjectClass* gobject) {
+  latent::gst::install_model_properties(
+      gobject, std::string("The video diffusion model (denoiser): a .pt2 package exported by "
+                           "tools/export_denoiser.py, or latent-gen-small weights. Unset: the embedded default "
+                           "generator, ") +
+                   latent::kDefaultGeneratorFile + " (small, unconditional, trained for demos and tests)");
+  auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject, PROP_SCHEDULE,
+      g_param_spec_enum("schedule", "Schedule",
+                        "How frames are denoised: clip (one window at once), fifo or rolling (endless, constant "
+                        "memory)",
+                        GST_TYPE_VIDEO_GEN_SCHEDULE, int(latent::ScheduleKind::fifo), rw));
+  g_object_class_install_property(
+      gobject, PROP_SAMPLER,
+      g_param_spec_enum("sampler", "Sampler", "The sampler; default takes the one the model's file recommends",
+                        GST_TYPE_VIDEO_GEN_SAMPLER, SAMPLER_DEFAULT, rw));
+  g_object_class_install_property(
+      gobject, PROP_STEPS,
+      g_param_spec_uint("steps", "Steps",
+                        "Denoising steps per frame; 0 takes the model's. With fifo also the queue length", 0, 1000, 0,
+                        rw));
+  g_object_class_install_property(
+      gobject, PROP_SHIFT,
+      g_param_spec_double("shift", "Shift", "Flow-matching timestep shift; 0 takes the model's", 0.0, 1000.0, 0.0, rw));
+  g_object_class_install_property(
+      gobject, PROP_GUIDANCE_SCALE,
+      g_param_spec_double("guidance-scale", "Guidance scale",
+                          "Classifier-free guidance (needs negative_prompt_embeds in prompt-embeds when not 1); -1 "
+                          "takes the model's recommendation",
+                          -1.0, 100.0, kModelGuidance, rw));
+  g_object_class_install_property(gobject, PROP_SEED,
+                                  g_param_spec_uint64("seed", "Seed",
+                                                      "Seed of the noise; the same seed gives the same latents on "
+                                                      "every device",
+                                                      0, G_MAXUINT64, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_NUM_FRAMES,
+      g_param_spec_int64("num-frames", "Number of frames",
+                         "Video frames to generate, then EOS (the last latent's offsets say how many of its frames "
+                         "are real, so vaedecode gives exactly this many); -1: endless (fifo, rolling) or one "
+                         "window (clip)",
+                         -1, G_MAXINT64, -1, rw));
+  g_object_class_install_property(
+      gobject, PROP_WIDTH,
+      g_param_spec_int("width", "Width", "Video width in pixels; 0 takes the model's size", 0, 65536, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_HEIGHT,
+      g_param_spec_int("height", "Height", "Video height in pixels; 0 takes the model's size", 0, 65536, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_FRAMERATE,
+      gst_param_spec_fraction("framerate", "Frame rate", "Video frame rate of the generated stream", 1, 1000, 1000, 1,
+                              16, 1, rw));
+  g_object_class_install_property(
+      gobject, PROP_WINDOW,
+      g_param_spec_uint("window", "Window", "Latent frames per model call; 0 takes the model's", 0, 4096, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_CONTEXT,
+      g_param_spec_int("context", "Context",
+                       "rolling: clean latent frames carried into each window; -1: a quarter of the window (at "
+                       "least 1)",
+                       -1, 4095, kAutoContext, rw));
+  g_object_class_install_property(
+      gobject, PROP_PROMPT_EMBEDS,
+      g_param_spec_string("prompt-embeds", "Prompt embeddings",
+                          "A safetensors file with tensor prompt_embeds [1, L, D] (and negative_prompt_embeds for "
+                          "guidance), for models that take text; tools/encode_prompt.py writes one",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_IS_LIVE,
+      g_param_spec_boolean("is-live", "Is live",
+                           "Act as a live source: buffers go out at their time on the clock, and the latency is the "
+                           "measured time to the first latent",
+                           FALSE, rw));
+  g_object_class_install_property(
+      gobject, PROP_LATENTS_GENERATED,
+      g_param_spec_uint64("latents-generated", "Latents generated", "Latent frames pushed since READY->PAUSED", 0,
+                          G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject, PROP_MODEL_CALLS,
+      g_param_spec_uint64("model-calls", "Model calls", "Denoiser calls since READY->PAUSED", 0, G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject, PROP_MEAN_CALL_TIME,
+      g_param_spec_uint64("mean-call-time", "Mean call time", "Mean time of one denoiser call, in nanoseconds", 0,
+                          G_MAXUINT64, 0, ro));
+}
+
+}  // namespace
+
+static void gst_video_gen_class_init(GstVideoGenClass* klass) {
+  auto* gobject = G_OBJECT_CLASS(klass);
+  auto* element = GST_ELEMENT_CLASS(klass);
+  auto* base = GST_BASE_SRC_CLASS(klass);
+  gobject->set_property = set_property;
+  gobject->get_property = get_property;
+  gobject->finalize = finalize;
+  element->change_state = change_state;
+  install_properties(gobject);
+
+  GstCaps* caps = gst_caps_from_string(latent::gst::latent_template_caps_string().c_str());
+  gst_element_class_add_pad_template(element, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, caps));
+  gst_caps_unref(caps);
+  gst_element_class_set_static_metadata(
+      element, "Latent video generator", "Source/Video",
+      "Generates video as latent frames (video/x-latent) with a video diffusion model, endless or num-frames long, "
+      "in constant memory: fifo and rolling schedules hand out each latent as it becomes final. The caps name the "
+      "VAE whose latents the model makes, so only the matching vaedecode accepts them. One latent per buffer with "
+      "PTS, duration and OFFSET/OFFSET_END (the video frames it stands for); the same seed gives the same stream. "
+      "Examples: gst-launch-1.0 videogen num-frames=81 ! vaedecode ! videoconvert ! autovideosink | "
+      "gst-launch-1.0 videogen num-frames=161 seed=7 ! latentfilesink location=gen.safetensors | "
+      "gst-launch-1.0 videogen model=wan-t2v.pt2 prompt-embeds=prompt.safetensors schedule=clip num-frames=33 ! "
+      "vaedecode model=/models/Wan2.1-VAE ! videoconvert ! x264enc ! mp4mux ! filesink location=gen.mp4",
+      "gst-latent");
+
+  base->start = GST_DEBUG_FUNCPTR(start);
+  base->stop = GST_DEBUG_FUNCPTR(stop);
+  base->negotiate = GST_DEBUG_FUNCPTR(negotiate);
+  base->get_caps = GST_DEBUG_FUNCPTR(get_caps);
+  base->is_seekable = GST_DEBUG_FUNCPTR(is_seekable);
+  base->event = GST_DEBUG_FUNCPTR(src_event);
+  base->do_seek = GST_DEBUG_FUNCPTR(do_seek);
+  base->get_times = GST_DEBUG_FUNCPTR(get_times);
+  base->query = GST_DEBUG_FUNCPTR(query);
+  GST_PUSH_SRC_CLASS(klass)->create = GST_DEBUG_FUNCPTR(create);
+}
+
+static void gst_video_gen_init(GstVideoGen* self) {
+  self->impl = new Impl();
+  gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_TIME);
+}

@@ -1,0 +1,63 @@
+// Running a gst-launch description to EOS or ERROR from a check test and keeping what reached its appsink.
+// Include after the C++ standard headers and gst/check/gstcheck.h (check's macros rewrite names).
+#pragma once
+
+// The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <string>
+#include <vector>
+
+#include <gst/app/gstappsink.h>
+#include <gst/check/gstcheck.h>
+
+namespace latent_test {
+
+struct Out {
+  std::vector<GstBuffer*> buffers;
+  GstCaps* caps = nullptr;
+  std::string error;  // empty when the pipeline reached EOS
+  ~Out() {
+    for (auto* b : buffers) gst_buffer_unref(b);
+    if (caps) gst_caps_unref(caps);
+  }
+};
+
+// Runs `desc` (ending in "appsink name=out") to EOS or ERROR and keeps what reached the sink.
+inline void run(const std::string& desc, Out& out, GstClockTime timeout = 120 * GST_SECOND) {
+  GError* err = nullptr;
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), &err);
+  fail_unless(pipeline != nullptr, "cannot build %s: %s", desc.c_str(), err ? err->message : "?");
+  g_clear_error(&err);
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  if (sink) g_object_set(sink, "sync", FALSE, "emit-signals", FALSE, nullptr);
+  GstBus* bus = gst_element_get_bus(pipeline);
+  GstStateChangeReturn sret = gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  GstMessage* msg = nullptr;
+  if (sret != GST_STATE_CHANGE_FAILURE && sink) {
+    // Pull on this thread so the buffers are ours in order.
+    for (;;) {
+      GstSample* s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), timeout);
+      if (!s) break;
+      if (!out.caps) out.caps = gst_caps_ref(gst_sample_get_caps(s));
+      out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+      gst_sample_unref(s);
+    }
+  }
+  msg = gst_bus_timed_pop_filtered(bus, timeout, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  fail_unless(msg != nullptr, "pipeline neither ended nor failed: %s", desc.c_str());
+  if (GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
+    GError* e = nullptr;
+    gchar* dbg = nullptr;
+    gst_message_parse_error(msg, &e, &dbg);
+    out.error = e->message;
+    GST_INFO("error: %s (%s)", e->message, dbg ? dbg : "");
+    g_clear_error(&e);
+    g_free(dbg);
+  }
+  gst_message_unref(msg);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(bus);
+  if (sink) gst_object_unref(sink);
+  gst_object_unref(pipeline);
+}
+
+}  // namespace latent_test
