@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Summarises a tools/demo run: frames, latent shape, PSNR/SSIM, time, memory, and a side-by-side PNG."""
+"""Summarises a tools/demo run: frames, latent shape, PSNR/SSIM, time, memory, and a side-by-side PNG.
+
+    demo_report.py --dir D --width W --height H ...        the encode -> decode round trip
+    demo_report.py generated --dir D --frames N ...        tools/demo --generate: time, memory, contact sheet
+"""
 
 import argparse
 import glob
 import math
 import os
+import sys
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -49,7 +54,47 @@ def side_by_side(orig, recon, path, picks=3):
     canvas.save(path)
 
 
+def contact_sheet(frames, path, columns=8, rows=3):
+    """Evenly spaced frames of the whole video, `columns` a row, each labelled with its number."""
+    n = len(frames)
+    picks = sorted({round(i * (n - 1) / max(1, columns * rows - 1)) for i in range(min(n, columns * rows))})
+    h, w = frames.shape[1:3]
+    label = 12
+    rows = (len(picks) + columns - 1) // columns
+    canvas = Image.new("RGB", (columns * (w + 2), rows * (h + label)), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    for k, i in enumerate(picks):
+        x, y = (k % columns) * (w + 2), (k // columns) * (h + label)
+        canvas.paste(Image.fromarray(frames[i]), (x, y))
+        draw.text((x + 2, y + h), f"{i}", fill=(0, 0, 0))
+    canvas.save(path)
+
+
+def generated(argv):
+    ap = argparse.ArgumentParser(prog="demo_report.py generated")
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--frames", type=int, required=True)
+    ap.add_argument("--width", type=int, required=True)
+    ap.add_argument("--height", type=int, required=True)
+    ap.add_argument("--seconds", type=float, required=True)
+    ap.add_argument("--rss-kib", type=int, required=True)
+    a = ap.parse_args(argv)
+    frame = a.width * a.height * 3
+    video = np.fromfile(os.path.join(a.dir, "generated.rgb"), np.uint8)
+    video = video[: video.size // frame * frame].reshape(-1, a.height, a.width, 3)
+    if len(video) != a.frames:
+        raise SystemExit(f"asked for {a.frames} frames, got {len(video)}")
+    png = os.path.join(a.dir, "contact-sheet.png")
+    contact_sheet(video, png)
+    print(f"== {len(video)} frames of {a.width}x{a.height} generated and decoded in {a.seconds:.1f} s "
+          f"({len(video) / a.seconds:.1f} frames/s, peak RSS {a.rss_kib // 1024} MiB); one process, model loading "
+          f"included")
+    print(f"== wrote {os.path.join(a.dir, 'generated.mp4')}, {png}")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "generated":
+        return generated(sys.argv[2:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--width", type=int, required=True)

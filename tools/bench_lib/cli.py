@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import flops, models, report
+from . import flops, generation, models, report
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_RUNNER = os.path.join(TOP, "tools", "bench_lib", "ref_runner.py")
@@ -383,19 +383,20 @@ def machine_info(device):
     return info
 
 
-def build_latent_bench(args):
-    if args.latent_bench:
+def build_latent_bench(args, name="latent-bench"):
+    if args.latent_bench and name == "latent-bench":
         return args.latent_bench
     build = os.path.join(TOP, args.build_dir)
-    binary = os.path.join(build, "tools", "latent-bench")
+    binary = os.path.join(build, "tools", name)
     if not args.no_build and os.path.exists(os.path.join(build, "build.ninja")):
-        log(f"ninja -C {args.build_dir} tools/latent-bench")
-        r = subprocess.run(["ninja", "-C", build, "tools/latent-bench"], capture_output=True, text=True)
+        log(f"ninja -C {args.build_dir} tools/{name}")
+        r = subprocess.run(["ninja", "-C", build, f"tools/{name}"], capture_output=True, text=True)
         if r.returncode != 0:
-            sys.exit(f"[bench] building latent-bench failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
+            sys.exit(f"[bench] building {name} failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
     if not os.path.exists(binary):
         sys.exit(f"[bench] {binary} not found: configure and build first (meson setup {args.build_dir}; "
-                 f"ninja -C {args.build_dir} tools/latent-bench), or pass --latent-bench PATH")
+                 f"ninja -C {args.build_dir} tools/{name})" + (", or pass --latent-bench PATH" if name == "latent-bench"
+                                                              else ""))
     return binary
 
 
@@ -418,6 +419,9 @@ def main(argv=None):
     g.add_argument("--gpu", action="store_const", dest="mode", const="gpu", help="CUDA, bf16, full-size clips")
     g.add_argument("--default-model", action="store_const", dest="mode", const="default",
                    help="the embedded default model at the demo's 320x176")
+    g.add_argument("--generate", action="store_const", dest="mode", const="generate",
+                   help="video generation (default generator and VAE) next to eager PyTorch; --frames sets the "
+                        "lengths of its memory sweep in latents (default 100 500 2000)")
     p.set_defaults(mode="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: all cores)")
     p.add_argument("--repeat", type=int, default=0, help="measurements per side and case (default: the mode's)")
@@ -457,6 +461,9 @@ def main(argv=None):
     # A terminated run stops its measurement process too (subprocess.run kills the child on an exception).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     mode_name = args.mode
+    if mode_name == "generate":
+        binary = build_latent_bench(args, "latent-gen-bench")
+        return generation.run(args, binary, args.out)
     mode = MODES[mode_name]
     if args.wait_max <= 0:
         args.wait_max = 20 if mode_name == "quick" else 300

@@ -15,8 +15,7 @@ namespace latent {
 using MetadataLookup = std::function<const std::string*(const std::string& key)>;
 
 // Reads the optional part of the contract every backend shares, each key being `prefix` + its name:
-// temporal_factor, spatial_factor, native_height, native_width (integers) and latents_mean, latents_std (JSON
-// lists of spec.channels numbers, std > 0, both or neither). Throws ModelError naming `where` and the key.
+// temporal_factor, spatial_factor, native_height, native_width. Throws ModelError naming `where` and the key.
 void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, const std::string& where,
                             const std::string& prefix);
 

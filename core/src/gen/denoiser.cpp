@@ -1,11 +1,9 @@
 // The checked entry of every denoiser and the choice of backend by file.
 #include "latent/gen/denoiser.h"
 
-#include <cmath>
 #include <sstream>
 
 #include "gen/backends.h"
-#include "io/json.h"
 #include "io/numbers.h"
 #include "latent/io/weights.h"
 
@@ -38,34 +36,6 @@ void check_latents(const DenoiserSpec& spec, const torch::Tensor& x) {
   if (!x.is_floating_point()) reject("latents (not floating point)", x, expected);
 }
 
-std::vector<double> statistics(const std::string& text, int64_t channels, bool positive, const std::string& where,
-                               const std::string& key) {
-  const auto fail = [&](const std::string& what) -> ModelError {
-    return ModelError(where + ": metadata \"" + key + "\": " + what);
-  };
-  json::Value list;
-  try {
-    list = json::parse(text);
-  } catch (const json::Error& e) {
-    throw fail(std::string("not JSON: ") + e.what());
-  }
-  if (!list.is_array() || static_cast<int64_t>(list.as_array().size()) != channels)
-    throw fail("expected a list of " + std::to_string(channels) + " numbers, one per latent channel");
-  std::vector<double> out;
-  for (const json::Value& v : list.as_array()) {
-    double d = 0.0;
-    try {
-      d = v.as_double();
-    } catch (const json::Error& e) {
-      throw fail(e.what());
-    }
-    if (!std::isfinite(d) || (positive && !(d > 0.0)))
-      throw fail("entry " + json::dump(v) + (positive ? " is not a finite number > 0" : " is not finite"));
-    out.push_back(d);
-  }
-  return out;
-}
-
 }  // namespace
 
 void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, const std::string& where,
@@ -85,15 +55,6 @@ void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, cons
   if ((spec.native_height > 0) != (spec.native_width > 0))
     throw ModelError(where + ": metadata has one of \"" + prefix + "native_height\" and \"" + prefix +
                      "native_width\" without the other");
-
-  const std::string mean_key = prefix + "latents_mean", std_key = prefix + "latents_std";
-  const std::string *mean = find(mean_key), *std = find(std_key);
-  if (!mean && !std) return;
-  if (!mean || !std)
-    throw ModelError(where + ": metadata has \"" + (mean ? mean_key : std_key) + "\" without \"" +
-                     (mean ? std_key : mean_key) + "\": latent statistics come in pairs");
-  spec.latents_mean = statistics(*mean, spec.channels, false, where, mean_key);
-  spec.latents_std = statistics(*std, spec.channels, true, where, std_key);
 }
 
 torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& timesteps,

@@ -92,30 +92,12 @@ torch::Tensor Denoising::noise_state() const { return cpu_generator_.get_state()
 
 void Denoising::restore_noise_state(const torch::Tensor& state) { cpu_generator_.set_state(state); }
 
-namespace {
-// [1, C, 1, 1, 1] on the model's device, or undefined where the model works in the VAE's latents themselves.
-torch::Tensor channel_statistic(const std::vector<double>& values, const Denoiser& model) {
-  if (values.empty()) return {};
-  return torch::tensor(values, torch::kDouble).to(torch::kFloat).view({1, -1, 1, 1, 1}).to(model.device());
-}
-}  // namespace
-
 struct Generator::Impl {
   Sampler sampler;
   Denoising denoising;
   std::unique_ptr<Schedule> schedule;
-  torch::Tensor latents_mean, latents_std;
   Impl(const Denoiser& model, const GeneratorOptions& o, int64_t height, int64_t width)
-      : sampler(o.sampler, model.spec().prediction),
-        denoising(model, sampler, o, height, width),
-        latents_mean(channel_statistic(model.spec().latents_mean, model)),
-        latents_std(channel_statistic(model.spec().latents_std, model)) {}
-
-  // Schedules work in the model's normalised space (rolling carries its context there); users get the VAE's.
-  void to_vae_latents(std::vector<GeneratedFrame>& frames) const {
-    if (!latents_std.defined()) return;
-    for (GeneratedFrame& f : frames) f.latent = torch::addcmul(latents_mean, f.latent, latents_std);
-  }
+      : sampler(o.sampler, model.spec().prediction), denoising(model, sampler, o, height, width) {}
 };
 
 Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options)
@@ -192,10 +174,7 @@ std::vector<GeneratedFrame> Generator::next() {
       impl_->denoising.restore_noise_state(noise_state);
       throw;
     }
-    if (!made.empty()) {
-      impl_->to_vae_latents(made);
-      return made;
-    }
+    if (!made.empty()) return made;
   }
   return {};
 }

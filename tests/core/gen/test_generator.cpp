@@ -21,12 +21,6 @@ class PerFrameDenoiser final : public Denoiser {
  public:
   PerFrameDenoiser(Prediction prediction, int64_t window, int64_t text_tokens = 0)
       : Denoiser(spec_for(prediction, window, text_tokens), LoadOptions{}) {}
-  // The same model trained on latents normalised with these per-channel statistics.
-  PerFrameDenoiser(Prediction prediction, int64_t window, std::vector<double> mean, std::vector<double> std)
-      : PerFrameDenoiser(prediction, window) {
-    spec_.latents_mean = std::move(mean);
-    spec_.latents_std = std::move(std);
-  }
   mutable std::vector<std::vector<float>> calls;
   // Throws (as a GPU out of memory would) on this call, once.
   mutable int64_t fail_at = -1;
@@ -221,28 +215,6 @@ TEST(Generator, TheSameSeedGivesTheSameFramesAndResetRepeats) {
     EXPECT_TRUE(torch::equal(fa[k].latent, fb[k].latent));
     EXPECT_TRUE(torch::equal(fa[k].latent, fc[k].latent));
     EXPECT_FALSE(torch::equal(fa[k].latent, fd[k].latent));
-  }
-}
-
-// A model working in normalised latents: the frames come out as the VAE's latents, z = x * std + mean per
-// channel, while the schedule (rolling's carried context included) stays in the model's space.
-TEST(Generator, FramesComeOutInTheVaeLatentSpace) {
-  for (ScheduleKind kind : {ScheduleKind::clip, ScheduleKind::fifo, ScheduleKind::rolling}) {
-    GeneratorOptions o = options(kind, SamplerKind::euler, 6, kind == ScheduleKind::clip ? 4 : 9);
-    o.context = 1;
-    auto plain = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
-    auto normalised = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, std::vector<double>{0.5, -2.0},
-                                                         std::vector<double>{3.0, 0.25});
-    Generator a(plain, o), b(normalised, o);
-    auto fa = run_all(a), fb = run_all(b);
-    ASSERT_EQ(fa.size(), fb.size());
-    const torch::Tensor mean = torch::tensor({0.5f, -2.0f}).view({1, 2, 1, 1, 1});
-    const torch::Tensor std = torch::tensor({3.0f, 0.25f}).view({1, 2, 1, 1, 1});
-    for (size_t k = 0; k < fa.size(); ++k) {
-      EXPECT_EQ(fa[k].index, fb[k].index);
-      EXPECT_TRUE(torch::allclose(fb[k].latent, fa[k].latent * std + mean, 1e-6, 1e-6))
-          << schedule_kind_name(kind) << " frame " << k;
-    }
   }
 }
 

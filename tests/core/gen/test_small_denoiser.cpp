@@ -281,38 +281,6 @@ TEST(SmallDenoiser, ReadsTheVaeGeometryAndNativeSize) {
   EXPECT_TRUE(contains(load_error(src), "without the other")) << load_error(src);
 }
 
-TEST(SmallDenoiser, ReadsLatentStatisticsAndRefusesBadOnes) {
-  LATENT_REQUIRE_SMALL_FIXTURES();
-  const auto with = [](const char* mean, const char* std) {
-    WeightSource src = source("model");
-    if (mean) src.metadata["latents_mean"] = mean;
-    if (std) src.metadata["latents_std"] = std;
-    return src;
-  };
-  std::string mean = "[", std = "[";
-  for (int c = 0; c < 16; ++c) {
-    mean += (c ? "," : "") + std::to_string(0.1 * c - 0.5);
-    std += (c ? "," : "") + std::to_string(0.25 + 0.01 * c);
-  }
-  mean += "]";
-  std += "]";
-  const DenoiserSpec s = make_small_denoiser(with(mean.c_str(), std.c_str()), {})->spec();
-  ASSERT_EQ(s.latents_mean.size(), 16u);
-  ASSERT_EQ(s.latents_std.size(), 16u);
-  EXPECT_NEAR(s.latents_mean[0], -0.5, 1e-12);
-  EXPECT_NEAR(s.latents_std[15], 0.4, 1e-12);
-  EXPECT_TRUE(model()->spec().latents_mean.empty());
-
-  EXPECT_TRUE(contains(load_error(with(mean.c_str(), nullptr)), "come in pairs"));
-  EXPECT_TRUE(contains(load_error(with("[1, 2]", std.c_str())), "a list of 16 numbers"));
-  EXPECT_TRUE(contains(load_error(with("{", std.c_str())), "\"latents_mean\": not JSON"));
-  const std::string zero_std = "[0" + std.substr(std.find(','));
-  EXPECT_TRUE(contains(load_error(with(mean.c_str(), zero_std.c_str())), "\"latents_std\": entry 0 is not a finite"))
-      << load_error(with(mean.c_str(), zero_std.c_str()));
-  const std::string text_entry = "[\"a\"" + mean.substr(mean.find(','));
-  EXPECT_TRUE(contains(load_error(with(text_entry.c_str(), std.c_str())), "\"latents_mean\""));
-}
-
 TEST(SmallDenoiser, ListsEveryMissingMisshapedAndUnusedTensor) {
   LATENT_REQUIRE_SMALL_FIXTURES();
   WeightSource src = source("model");

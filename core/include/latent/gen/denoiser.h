@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "latent/gen/sampler.h"
 #include "latent/vae/vae.h"
@@ -41,9 +40,6 @@ struct DenoiserSpec {
   // The latent size it was trained at, which videogen makes when none is set; 0 where the file does not say.
   int64_t native_height = 0;
   int64_t native_width = 0;
-  // Per-channel statistics of the VAE's latents: the model works in (z - latents_mean) / latents_std, as
-  // diffusion models are trained, and a Generator hands out z. Both empty where it works in z itself.
-  std::vector<double> latents_mean, latents_std;
 };
 
 class Denoiser {

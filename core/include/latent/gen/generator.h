@@ -46,8 +46,8 @@ struct GeneratorOptions {
 };
 
 struct GeneratedFrame {
-  // [1, C, 1, h, w] float32 on the denoiser's device, in the VAE's latent space (DenoiserSpec::latents_mean /
-  // latents_std undone), ready for its decoder.
+  // [1, C, 1, h, w] float32 on the denoiser's device, in the VAE's diffusion space (what its encoder hands out
+  // and its decoder takes: VaeSpec::latent_shift / latent_scale applied).
   torch::Tensor latent;
   int64_t index = 0;  // latent frame number from 0
 };

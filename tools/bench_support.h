@@ -1,0 +1,94 @@
+// What the benchmark drivers (latent-bench, latent-gen-bench) share: process memory from /proc and the CUDA
+// allocator's peaks, and device synchronisation around timed spans.
+#pragma once
+
+#include <torch/torch.h>
+
+#ifdef LATENT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+#endif
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "io/json.h"
+
+namespace latent::bench {
+
+using latent::json::Value;
+
+// ---- process memory ------------------------------------------------------------------------------------------
+
+// A "VmXXX:  1234 kB" line of /proc/self/status, in bytes; -1 where it cannot be read.
+inline int64_t proc_status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(f, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;
+  }
+  return -1;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0). False where the kernel refuses.
+inline bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return bool(f);
+}
+
+// ---- devices -------------------------------------------------------------------------------------------------
+
+inline void synchronize(const torch::Device& device) {
+#ifdef LATENT_WITH_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#else
+  (void)device;
+#endif
+}
+
+inline void reset_gpu_peak(const torch::Device& device) {
+#ifdef LATENT_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#else
+  (void)device;
+#endif
+}
+
+inline std::optional<Value> gpu_memory(const torch::Device& device, int64_t baseline_allocated) {
+#ifdef LATENT_WITH_CUDA
+  if (!device.is_cuda()) return std::nullopt;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  const size_t all = 0;  // StatType::AGGREGATE
+  const int64_t peak = stats.allocated_bytes[all].peak;
+  return Value(latent::json::Object{
+      {"allocated_baseline_bytes", Value::integer(baseline_allocated)},
+      {"allocated_peak_bytes", Value::integer(peak)},
+      {"allocated_peak_above_baseline_bytes", Value::integer(peak - baseline_allocated)},
+      {"reserved_peak_bytes", Value::integer(stats.reserved_bytes[all].peak)},
+      {"num_ooms", Value::integer(stats.num_ooms)},
+  });
+#else
+  (void)device;
+  (void)baseline_allocated;
+  return std::nullopt;
+#endif
+}
+
+inline int64_t gpu_allocated_now(const torch::Device& device) {
+#ifdef LATENT_WITH_CUDA
+  if (device.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
+}  // namespace latent::bench

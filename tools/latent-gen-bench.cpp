@@ -1,0 +1,265 @@
+// latent-gen-bench: times video generation as `videogen ! vaedecode` runs it, without GStreamer: a Generator
+// under a schedule hands out latents, and a StreamingDecoder turns each into frames as it comes. Reports latent
+// frames/s (generation alone), video frames/s end to end, model calls, the time to the first latent, and memory
+// against length: the RSS after every --sample latents, so a run of 2,000 latents shows whether memory is flat.
+// tools/bench --generate runs it next to an eager PyTorch reference; it is also useful alone:
+//
+//   latent-gen-bench --generator models/latent-gen-small.safetensors --vae models/latent-tiny-wan.safetensors
+//                    --latents 500 --schedule fifo --threads 2 --json
+//
+// Memory: the baseline is VmRSS after both models are loaded; the peak (VmHWM) is reset then, so the reported
+// peak is what generating and decoding add.
+#include <c10/core/InferenceMode.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_support.h"
+#include "io/json.h"
+#include "io/numbers.h"
+#include "latent/gen/generator.h"
+#include "latent/runtime/build_info.h"
+#include "latent/runtime/devices.h"
+#include "latent/vae/streaming.h"
+#include "latent/vae/vae.h"
+
+namespace {
+
+using namespace latent::bench;
+using Clock = std::chrono::steady_clock;
+using latent::json::Value;
+
+struct Args {
+  std::string generator, vae;
+  int64_t latents = 100;
+  std::string schedule = "fifo";
+  int64_t steps = 0, window = 0, context = -1, height = 0, width = 0, sample = 0;
+  std::string device = "cpu", dtype = "auto";
+  int threads = 0;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+[[noreturn]] void usage(int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: latent-gen-bench --generator FILE [--vae FILE] [--latents N] [--schedule clip|fifo|rolling]\n"
+               "                        [--steps K] [--window W] [--context C] [--height h] [--width w]\n"
+               "                        [--device D] [--dtype T] [--threads N] [--seed S] [--sample K] [--json]\n"
+               "  --vae      decode every latent as it comes (the VAE whose latent space the generator names);\n"
+               "             without it only generation is timed\n"
+               "  --height, --width  latent size (default: the generator's native size)\n"
+               "  --steps, --window  0: the generator's; --context -1: a quarter of the window (rolling)\n"
+               "  --sample   read the RSS after every K latents (default: latents / 10)\n");
+  std::exit(code);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "latent-gen-bench: %s needs a value\n", k.c_str());
+        usage(2);
+      }
+      return argv[++i];
+    };
+    auto integer = [&](int64_t lo, int64_t hi) -> int64_t {
+      const std::string v = next();
+      if (auto n = latent::bounded_integer(v, lo, hi)) return *n;
+      std::fprintf(stderr, "latent-gen-bench: %s wants an integer in [%lld, %lld], got '%s'\n", k.c_str(),
+                   (long long)lo, (long long)hi, v.c_str());
+      usage(2);
+    };
+    constexpr int64_t kBig = int64_t(1) << 40;
+    if (k == "--help" || k == "-h") usage(0);
+    if (k == "--generator")
+      a.generator = next();
+    else if (k == "--vae")
+      a.vae = next();
+    else if (k == "--latents")
+      a.latents = integer(1, kBig);
+    else if (k == "--schedule")
+      a.schedule = next();
+    else if (k == "--steps")
+      a.steps = integer(0, 1000);
+    else if (k == "--window")
+      a.window = integer(0, 4096);
+    else if (k == "--context")
+      a.context = integer(-1, 4095);
+    else if (k == "--height")
+      a.height = integer(0, 65536);
+    else if (k == "--width")
+      a.width = integer(0, 65536);
+    else if (k == "--device")
+      a.device = next();
+    else if (k == "--dtype")
+      a.dtype = next();
+    else if (k == "--threads")
+      a.threads = int(integer(0, 1024));
+    else if (k == "--seed")
+      a.seed = uint64_t(integer(0, kBig));
+    else if (k == "--sample")
+      a.sample = integer(1, kBig);
+    else if (k == "--json")
+      a.json = true;
+    else {
+      std::fprintf(stderr, "latent-gen-bench: unknown argument '%s'\n", k.c_str());
+      usage(2);
+    }
+  }
+  if (a.generator.empty()) {
+    std::fprintf(stderr, "latent-gen-bench: --generator is required\n");
+    usage(2);
+  }
+  if (a.sample == 0) a.sample = std::max<int64_t>(1, a.latents / 10);
+  return a;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+latent::GeneratorOptions generator_options(const Args& a, const latent::DenoiserSpec& spec) {
+  latent::GeneratorOptions o;
+  o.schedule = latent::parse_schedule_kind(a.schedule);
+  o.sampler = spec.sampler;
+  if (a.steps > 0) o.sampler.steps = a.steps;
+  o.guidance = spec.guidance;
+  o.seed = a.seed;
+  o.window = a.window;
+  o.height = a.height > 0 ? a.height : spec.native_height;
+  o.width = a.width > 0 ? a.width : spec.native_width;
+  const int64_t window = a.window > 0 ? a.window : spec.window;
+  if (o.schedule == latent::ScheduleKind::rolling)
+    o.context = a.context >= 0 ? a.context : std::max<int64_t>(1, window / 4);
+  o.frames = a.latents;
+  return o;
+}
+
+int run(const Args& a) {
+  if (a.threads > 0) torch::set_num_threads(a.threads);
+  const torch::Device device = latent::resolve_device(a.device);
+  const torch::ScalarType dtype = latent::resolve_dtype(a.dtype, device);
+  c10::InferenceMode inference;
+
+  const auto t_load = Clock::now();
+  std::shared_ptr<const latent::Denoiser> model = latent::load_denoiser(a.generator, {device, dtype});
+  std::shared_ptr<const latent::Vae> vae;
+  if (!a.vae.empty()) {
+    vae = latent::load_vae(a.vae, {device, dtype});
+    if (vae->spec().model_id != model->spec().latent_space)
+      throw std::invalid_argument("the generator makes latents of '" + model->spec().latent_space + "', the VAE is '" +
+                                  vae->spec().model_id + "'");
+  }
+  synchronize(device);
+  const double load_seconds = seconds_since(t_load);
+
+  latent::Generator gen(model, generator_options(a, model->spec()));
+  std::unique_ptr<latent::StreamingDecoder> decoder;
+  if (vae) decoder = std::make_unique<latent::StreamingDecoder>(vae);
+  const int64_t tf = model->spec().temporal_factor;
+
+  const int64_t rss_baseline = proc_status_bytes("VmRSS");
+  const bool hwm_reset = reset_peak_rss();
+  double gen_seconds = 0, decode_seconds = 0, first_latent = 0;
+  int64_t latents = 0, frames = 0;
+  size_t state_max = 0;
+  latent::json::Array samples;
+  const auto start = Clock::now();
+  const auto decode = [&](const torch::Tensor& z, int64_t real) {
+    const auto t0 = Clock::now();
+    torch::Tensor out = real < 0 ? decoder->finish() : decoder->push(z, {real});
+    synchronize(device);
+    decode_seconds += seconds_since(t0);
+    if (out.defined()) frames += out.size(0);
+  };
+  while (!gen.finished()) {
+    const auto t0 = Clock::now();
+    std::vector<latent::GeneratedFrame> made = gen.next();
+    synchronize(device);
+    gen_seconds += seconds_since(t0);
+    if (latents == 0 && !made.empty()) first_latent = seconds_since(start);
+    state_max = std::max(state_max, gen.state_bytes());
+    for (const latent::GeneratedFrame& f : made) {
+      if (decoder) decode(f.latent.squeeze(2), f.index == 0 ? 1 : tf);
+      if (++latents % a.sample == 0)
+        samples.push_back(Value(latent::json::Object{{"latents", Value::integer(latents)},
+                                                     {"rss_bytes", Value::integer(proc_status_bytes("VmRSS"))}}));
+    }
+  }
+  if (decoder) decode({}, -1);
+  const double wall = seconds_since(start);
+  const int64_t rss_peak = proc_status_bytes("VmHWM");
+  const int64_t expected_frames = vae ? 1 + tf * (a.latents - 1) : 0;
+
+  const latent::GeneratorOptions& o = gen.options();
+  latent::json::Object out{
+      {"impl", "gst-latent"},
+      {"generator", a.generator},
+      {"vae", a.vae},
+      {"schedule", latent::schedule_kind_name(o.schedule)},
+      {"sampler", latent::sampler_kind_name(o.sampler.kind)},
+      {"steps", Value::integer(o.sampler.steps)},
+      {"window", Value::integer(o.window)},
+      {"context", Value::integer(o.context)},
+      {"height", Value::integer(o.height)},
+      {"width", Value::integer(o.width)},
+      {"device", device.str()},
+      {"dtype", c10::toString(model->dtype())},
+      {"threads", Value::integer(torch::get_num_threads())},
+      {"runtime", latent::runtime_summary()},
+      {"load_seconds", Value::real(load_seconds)},
+      {"latents", Value::integer(latents)},
+      {"frames", Value::integer(frames)},
+      {"frames_expected", Value::integer(expected_frames)},
+      {"model_calls", Value::integer(gen.model_calls())},
+      {"generate_seconds", Value::real(gen_seconds)},
+      {"decode_seconds", Value::real(decode_seconds)},
+      {"wall_seconds", Value::real(wall)},
+      {"latents_per_second", Value::real(double(latents) / gen_seconds)},
+      {"frames_per_second", Value::real(vae ? double(frames) / wall : 0.0)},
+      {"first_latent_seconds", Value::real(first_latent)},
+      {"state_bytes", Value::integer(int64_t(state_max))},
+      {"rss_baseline_bytes", Value::integer(rss_baseline)},
+      {"rss_peak_bytes", Value::integer(rss_peak)},
+      {"rss_peak_above_baseline_bytes", Value::integer(rss_peak - rss_baseline)},
+      {"rss_peak_reset", hwm_reset},
+      {"rss_samples", Value(std::move(samples))},
+  };
+  if (a.json) {
+    std::printf("%s\n", latent::json::dump(Value(std::move(out))).c_str());
+  } else {
+    const double mib = 1024.0 * 1024.0;
+    std::printf("%lld latents (%s, %lld steps, %lld model calls) in %.2f s: %.2f latents/s, first after %.2f s\n",
+                (long long)latents, latent::schedule_kind_name(o.schedule), (long long)o.sampler.steps,
+                (long long)gen.model_calls(), gen_seconds, double(latents) / gen_seconds, first_latent);
+    if (vae)
+      std::printf("%lld frames decoded in %.2f s: %.2f frames/s end to end\n", (long long)frames, decode_seconds,
+                  double(frames) / wall);
+    std::printf("RSS baseline %.1f MiB, peak +%.1f MiB; generator state %.3f MiB\n", double(rss_baseline) / mib,
+                double(rss_peak - rss_baseline) / mib, double(state_max) / mib);
+  }
+  if (vae && frames != expected_frames) {
+    std::fprintf(stderr, "latent-gen-bench: %lld frames, expected %lld\n", (long long)frames,
+                 (long long)expected_frames);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "latent-gen-bench: %s\n", e.what());
+    return 1;
+  }
+}
