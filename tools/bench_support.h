@@ -1,5 +1,5 @@
-// What the benchmark drivers (latent-bench, latent-gen-bench) share: process memory from /proc and the CUDA
-// allocator's peaks, and device synchronisation around timed spans.
+// What the benchmark drivers (latent-bench, latent-gen-bench) share: their command-line reading, process memory
+// from /proc and the CUDA allocator's peaks, and device synchronisation around timed spans.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,15 +10,54 @@
 #endif
 
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <string>
 
 #include "io/json.h"
+#include "io/numbers.h"
 
 namespace latent::bench {
 
 using latent::json::Value;
+
+// Walks argv as `--key value` pairs and flags. A missing or malformed value is reported on stderr, naming the
+// program and the key, and ends in usage(2).
+class ArgReader {
+ public:
+  ArgReader(const char* program, int argc, char** argv, void (*usage)(int))
+      : program_(program), argc_(argc), argv_(argv), usage_(usage) {}
+
+  bool next_key() {
+    if (++i_ >= argc_) return false;
+    key_ = argv_[i_];
+    return true;
+  }
+  const std::string& key() const { return key_; }
+  std::string value() {
+    if (i_ + 1 >= argc_) fail("needs a value");
+    return argv_[++i_];
+  }
+  int64_t integer(int64_t lo, int64_t hi) {
+    const std::string v = value();
+    if (auto n = latent::bounded_integer(v, lo, hi)) return *n;
+    fail("wants an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    std::fprintf(stderr, "%s: %s %s\n", program_, key_.c_str(), what.c_str());
+    usage_(2);
+    std::exit(2);
+  }
+
+ private:
+  const char* program_;
+  int argc_;
+  char** argv_;
+  void (*usage_)(int);
+  int i_ = 0;
+  std::string key_;
+};
 
 // ---- process memory ------------------------------------------------------------------------------------------
 

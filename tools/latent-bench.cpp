@@ -78,62 +78,44 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "latent-bench: %s needs a value\n", k.c_str());
-        usage(2);
-      }
-      return argv[++i];
-    };
-    auto integer = [&]() -> int64_t {
-      const std::string v = next();
-      try {
-        size_t used = 0;
-        const long long n = std::stoll(v, &used);
-        if (used == v.size()) return n;
-      } catch (const std::exception&) {
-      }
-      std::fprintf(stderr, "latent-bench: %s wants an integer, got '%s'\n", k.c_str(), v.c_str());
-      usage(2);
-    };
+  ArgReader r("latent-bench", argc, argv, usage);
+  constexpr int64_t kBig = int64_t(1) << 40;
+  while (r.next_key()) {
+    const std::string& k = r.key();
     if (k == "--help" || k == "-h")
       usage(0);
     else if (k == "--model")
-      a.model = next();
+      a.model = r.value();
     else if (k == "--frames")
-      a.frames = integer();
+      a.frames = r.integer(1, kBig);
     else if (k == "--height")
-      a.height = integer();
+      a.height = r.integer(1, kBig);
     else if (k == "--width")
-      a.width = integer();
+      a.width = r.integer(1, kBig);
     else if (k == "--direction")
-      a.direction = next();
+      a.direction = r.value();
     else if (k == "--device")
-      a.device = next();
+      a.device = r.value();
     else if (k == "--dtype")
-      a.dtype = next();
+      a.dtype = r.value();
     else if (k == "--threads")
-      a.threads = int(integer());
+      a.threads = int(r.integer(0, 1024));
     else if (k == "--repeat")
-      a.repeat = int(integer());
+      a.repeat = int(r.integer(1, 1 << 20));
     else if (k == "--warmup")
-      a.warmup = int(integer());
+      a.warmup = int(r.integer(0, 1 << 20));
     else if (k == "--push")
-      a.push = integer();
+      a.push = r.integer(1, kBig);
     else if (k == "--chunk")
-      a.chunk = integer();
+      a.chunk = r.integer(0, kBig);
     else if (k == "--seed")
-      a.seed = uint64_t(integer());
+      a.seed = uint64_t(r.integer(0, kBig));
     else if (k == "--json")
       a.json = true;
     else if (k == "--profile")
-      a.profile = next();
-    else {
-      std::fprintf(stderr, "latent-bench: unknown argument '%s'\n", k.c_str());
-      usage(2);
-    }
+      a.profile = r.value();
+    else
+      r.fail("is not an option");
   }
   if (a.model.empty()) {
     std::fprintf(stderr, "latent-bench: --model is required\n");

@@ -22,7 +22,6 @@
 
 #include "bench_support.h"
 #include "io/json.h"
-#include "io/numbers.h"
 #include "latent/gen/generator.h"
 #include "latent/runtime/build_info.h"
 #include "latent/runtime/devices.h"
@@ -61,58 +60,43 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "latent-gen-bench: %s needs a value\n", k.c_str());
-        usage(2);
-      }
-      return argv[++i];
-    };
-    auto integer = [&](int64_t lo, int64_t hi) -> int64_t {
-      const std::string v = next();
-      if (auto n = latent::bounded_integer(v, lo, hi)) return *n;
-      std::fprintf(stderr, "latent-gen-bench: %s wants an integer in [%lld, %lld], got '%s'\n", k.c_str(),
-                   (long long)lo, (long long)hi, v.c_str());
-      usage(2);
-    };
-    constexpr int64_t kBig = int64_t(1) << 40;
+  ArgReader r("latent-gen-bench", argc, argv, usage);
+  constexpr int64_t kBig = int64_t(1) << 40;
+  while (r.next_key()) {
+    const std::string& k = r.key();
     if (k == "--help" || k == "-h") usage(0);
     if (k == "--generator")
-      a.generator = next();
+      a.generator = r.value();
     else if (k == "--vae")
-      a.vae = next();
+      a.vae = r.value();
     else if (k == "--latents")
-      a.latents = integer(1, kBig);
+      a.latents = r.integer(1, kBig);
     else if (k == "--schedule")
-      a.schedule = next();
+      a.schedule = r.value();
     else if (k == "--steps")
-      a.steps = integer(0, 1000);
+      a.steps = r.integer(0, 1000);
     else if (k == "--window")
-      a.window = integer(0, 4096);
+      a.window = r.integer(0, 4096);
     else if (k == "--context")
-      a.context = integer(-1, 4095);
+      a.context = r.integer(-1, 4095);
     else if (k == "--height")
-      a.height = integer(0, 65536);
+      a.height = r.integer(0, 65536);
     else if (k == "--width")
-      a.width = integer(0, 65536);
+      a.width = r.integer(0, 65536);
     else if (k == "--device")
-      a.device = next();
+      a.device = r.value();
     else if (k == "--dtype")
-      a.dtype = next();
+      a.dtype = r.value();
     else if (k == "--threads")
-      a.threads = int(integer(0, 1024));
+      a.threads = int(r.integer(0, 1024));
     else if (k == "--seed")
-      a.seed = uint64_t(integer(0, kBig));
+      a.seed = uint64_t(r.integer(0, kBig));
     else if (k == "--sample")
-      a.sample = integer(1, kBig);
+      a.sample = r.integer(1, kBig);
     else if (k == "--json")
       a.json = true;
-    else {
-      std::fprintf(stderr, "latent-gen-bench: unknown argument '%s'\n", k.c_str());
-      usage(2);
-    }
+    else
+      r.fail("is not an option");
   }
   if (a.generator.empty()) {
     std::fprintf(stderr, "latent-gen-bench: --generator is required\n");

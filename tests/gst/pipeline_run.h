@@ -1,8 +1,12 @@
-// Running a gst-launch description to EOS or ERROR from a check test and keeping what reached its appsink.
+// Running a gst-launch description to EOS or ERROR from a check test and keeping what reached its appsink, and
+// cycling a pipeline through its states while watching the process's memory.
 // Include after the C++ standard headers and gst/check/gstcheck.h (check's macros rewrite names).
 #pragma once
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <unistd.h>
+
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -58,6 +62,30 @@ inline void run(const std::string& desc, Out& out, GstClockTime timeout = 120 * 
   gst_object_unref(bus);
   if (sink) gst_object_unref(sink);
   gst_object_unref(pipeline);
+}
+
+inline long rss_kib() {
+  std::ifstream statm("/proc/self/statm");
+  long total = 0, resident = 0;
+  statm >> total >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+// Takes the pipeline of `desc` NULL -> PLAYING (waiting for it to preroll) -> NULL `cycles` times and returns how
+// many KiB the resident set grew from cycle 40, when allocators have settled, to the end.
+inline long rss_growth_over_state_cycles(const std::string& desc, int cycles = 200) {
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
+  fail_unless(pipeline != nullptr, "cannot build %s", desc.c_str());
+  long warm = 0;
+  for (int i = 0; i < cycles; ++i) {
+    fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+    gst_element_get_state(pipeline, nullptr, nullptr, 30 * GST_SECOND);
+    fail_unless(gst_element_set_state(pipeline, GST_STATE_NULL) == GST_STATE_CHANGE_SUCCESS);
+    if (i == 40) warm = rss_kib();
+    if (i % 40 == 0) GST_INFO("cycle %d: RSS %ld KiB", i, rss_kib());
+  }
+  gst_object_unref(pipeline);
+  return rss_kib() - warm;
 }
 
 }  // namespace latent_test

@@ -304,32 +304,14 @@ GST_START_TEST(test_round_trip_through_files_equals_direct) {
 }
 GST_END_TEST;
 
-static long rss_kib() {
-  std::ifstream statm("/proc/self/statm");
-  long total = 0, resident = 0;
-  statm >> total >> resident;
-  return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 GST_START_TEST(test_state_cycles_do_not_leak) {
-  GstElement* pipeline = gst_parse_launch(
-      (src(2) + "vaeencode model=" + wan() + " ! vaedecode model=" + wan() + " ! fakesink").c_str(), nullptr);
-  fail_unless(pipeline != nullptr);
-  long warm = 0;
-  for (int i = 0; i < 200; ++i) {
-    fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
-    gst_element_get_state(pipeline, nullptr, nullptr, 30 * GST_SECOND);
-    fail_unless(gst_element_set_state(pipeline, GST_STATE_NULL) == GST_STATE_CHANGE_SUCCESS);
-    if (i == 40) warm = rss_kib();
-    if (i % 40 == 0) GST_INFO("cycle %d: RSS %ld KiB", i, rss_kib());
-  }
-  long grown = rss_kib() - warm;
+  const long grown = latent_test::rss_growth_over_state_cycles(src(2) + "vaeencode model=" + wan() +
+                                                               " ! vaedecode model=" + wan() + " ! fakesink");
   // Run with MALLOC_ARENA_MAX=1 (see meson.build): each cycle starts new streaming threads, and glibc would
   // otherwise give each a fresh arena. A leak is per cycle: one model copy left behind each time adds 16 MiB
   // (the default model's weights) x 160. What is allowed is one-off: locally flat to the KiB from cycle 40 to
   // 200, but one fresh-clone run grew 33 MiB once (about two copies of the mapped weight file resident).
   fail_unless(grown < 64 * 1024, "RSS grew by %ld KiB over 160 NULL->PLAYING->NULL cycles", grown);
-  gst_object_unref(pipeline);
 }
 GST_END_TEST;
 

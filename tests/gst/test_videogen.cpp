@@ -339,28 +339,11 @@ GST_START_TEST(test_default_generator_makes_video) {
 }
 GST_END_TEST;
 
-static long rss_kib() {
-  std::ifstream statm("/proc/self/statm");
-  long total = 0, resident = 0;
-  statm >> total >> resident;
-  return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 GST_START_TEST(test_state_cycles_do_not_leak) {
-  GstElement* pipeline = gst_parse_launch((gen("num-frames=5 steps=2") + "vaedecode ! fakesink").c_str(), nullptr);
-  fail_unless(pipeline != nullptr);
-  long warm = 0;
-  for (int i = 0; i < 200; ++i) {
-    fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
-    gst_element_get_state(pipeline, nullptr, nullptr, 30 * GST_SECOND);
-    fail_unless(gst_element_set_state(pipeline, GST_STATE_NULL) == GST_STATE_CHANGE_SUCCESS);
-    if (i == 40) warm = rss_kib();
-  }
-  const long grown = rss_kib() - warm;
+  const long grown = latent_test::rss_growth_over_state_cycles(gen("num-frames=5 steps=2") + "vaedecode ! fakesink");
   // Each cycle loads the generator (8.8 MB of weights) and the VAE: a copy left behind per cycle would add
   // over 1.4 GB in 160 cycles. Allocator noise stays within a few MiB (see gst-vae-cycles for the margin).
   fail_unless(grown < 64 * 1024, "RSS grew by %ld KiB over 160 NULL->PLAYING->NULL cycles", grown);
-  gst_object_unref(pipeline);
 }
 GST_END_TEST;
 
