@@ -1,0 +1,178 @@
+// latent-precompute's bookkeeping without GStreamer: the CSV manifest read record by record (RFC 4180), clip file
+// names, the split of rows between ranks, and the append-only index that makes a killed run resumable.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "manifest.h"
+#include "outputs.h"
+
+using namespace latent::precompute;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::vector<std::string>> records(const std::string& text, std::vector<std::string>* errors = nullptr) {
+  std::istringstream in(text);
+  std::vector<std::vector<std::string>> out;
+  std::vector<std::string> f;
+  std::string error;
+  while (read_csv_record(in, f, error)) {
+    if (errors) errors->push_back(error);
+    out.push_back(f);
+  }
+  return out;
+}
+
+std::vector<ManifestRow> rows(const std::string& text) {
+  std::istringstream in(text);
+  ManifestReader r(in, "/data");
+  std::vector<ManifestRow> out;
+  while (auto row = r.next()) out.push_back(*row);
+  return out;
+}
+
+const ClipEntry& clip(const ManifestRow& r) { return std::get<ClipEntry>(r); }
+const RowError& error(const ManifestRow& r) { return std::get<RowError>(r); }
+
+fs::path scratch(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("precompute-" + std::to_string(getpid()) + "-" + name);
+  fs::remove(p);
+  return p;
+}
+
+}  // namespace
+
+TEST(Csv, QuotedFieldsHoldCommasQuotesAndLineBreaks) {
+  const auto r = records("a,\"b, c\",\"say \"\"hi\"\"\"\n\"two\nlines\",x,\r\nlast,,\"\"");
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0], (std::vector<std::string>{"a", "b, c", "say \"hi\""}));
+  EXPECT_EQ(r[1], (std::vector<std::string>{"two\nlines", "x", ""}));  // CRLF ends the record
+  EXPECT_EQ(r[2], (std::vector<std::string>{"last", "", ""}));         // no newline at the end
+}
+
+TEST(Csv, ABrokenRecordIsReportedAndTheNextOneReads) {
+  std::vector<std::string> errors;
+  const auto r = records("ok,1\nba\"d,2\n\"closed\"x,3\nfine,4\n\"never closed,5\n", &errors);
+  ASSERT_EQ(r.size(), 5u);
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "a quote inside an unquoted field");
+  EXPECT_EQ(errors[2], "text after a closing quote");
+  EXPECT_EQ(errors[3], "");
+  EXPECT_EQ(r[3], (std::vector<std::string>{"fine", "4"}));
+  EXPECT_EQ(errors[4], "a quoted field is never closed");
+}
+
+TEST(Manifest, ReadsClipsAndResolvesRelativePaths) {
+  const auto r = rows("path,caption,start,end,fps\nclips/a.mp4,\"a cat, running\",1.5,4,24\n/abs/b.mkv,,,,\n\n");
+  ASSERT_EQ(r.size(), 2u);  // the blank line is not a row
+  EXPECT_EQ(clip(r[0]).path, fs::path("/data/clips/a.mp4"));
+  EXPECT_EQ(clip(r[0]).source, "clips/a.mp4");
+  EXPECT_EQ(clip(r[0]).caption, "a cat, running");
+  EXPECT_EQ(*clip(r[0]).start, 1.5);
+  EXPECT_EQ(*clip(r[0]).end, 4.0);
+  EXPECT_EQ(*clip(r[0]).fps, 24.0);
+  EXPECT_EQ(clip(r[1]).path, fs::path("/abs/b.mkv"));
+  EXPECT_FALSE(clip(r[1]).start.has_value());
+  EXPECT_EQ(clip(r[1]).row, 1u);
+}
+
+TEST(Manifest, ColumnsInAnyOrderOthersIgnored) {
+  const auto r = rows("\xEF\xBB\xBFid,caption,path\n7,hello,x.mp4\n");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(clip(r[0]).source, "x.mp4");
+  EXPECT_EQ(clip(r[0]).caption, "hello");
+}
+
+TEST(Manifest, BadRowsAreErrorsOfThatRowOnly) {
+  const auto r = rows(
+      "path,caption,start,end\n"
+      "a.mp4,x,1,2\n"
+      "b.mp4,too,many,fields,here\n"
+      ",empty path,,\n"
+      "c.mp4,x,soon,\n"
+      "d.mp4,x,5,2\n"
+      "e.mp4,x,-1,\n"
+      "f.mp4,x,,\n");
+  ASSERT_EQ(r.size(), 7u);
+  EXPECT_EQ(clip(r[0]).source, "a.mp4");
+  EXPECT_EQ(error(r[1]).reason, "5 fields, the header has 4");
+  EXPECT_EQ(error(r[2]).reason, "empty path");
+  EXPECT_EQ(error(r[3]).reason, "column start: \"soon\" is not a number >= 0");
+  EXPECT_EQ(error(r[4]).reason, "end is not after start");
+  EXPECT_EQ(error(r[5]).reason, "column start: \"-1\" is not a number >= 0");
+  EXPECT_EQ(clip(r[6]).source, "f.mp4");
+  EXPECT_EQ(error(r[4]).row, 4u);
+}
+
+TEST(Manifest, AHeaderWithoutPathIsRefused) {
+  EXPECT_THROW(rows(""), ManifestError);
+  EXPECT_THROW(rows("file,caption\nx.mp4,y\n"), ManifestError);
+  EXPECT_THROW(rows("path,path\nx,y\n"), ManifestError);
+}
+
+// A manifest is read as it streams: a row is available before the rest of the input exists.
+TEST(Manifest, ReadsAsItStreams) {
+  std::stringstream in;
+  in << "path,caption\nfirst.mp4,a\n";
+  ManifestReader r(in, "/m");
+  auto first = r.next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(clip(*first).source, "first.mp4");
+  in.clear();
+  in << "second.mp4,b\n";
+  auto second = r.next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(clip(*second).source, "second.mp4");
+  EXPECT_FALSE(r.next().has_value());
+}
+
+TEST(Outputs, NamesAreStableAndDistinctPerRange) {
+  ClipEntry a;
+  a.source = "videos/My Clip (1).mp4";
+  ClipEntry b = a;
+  b.start = 2.0;
+  ClipEntry c = a;
+  c.row = 99;  // the row number does not name the clip: editing the manifest does not rename finished clips
+  EXPECT_EQ(clip_file_name(a), clip_file_name(c));
+  EXPECT_NE(clip_file_name(a), clip_file_name(b));
+  EXPECT_EQ(clip_file_name(a).rfind("My_Clip__1_-", 0), 0u) << clip_file_name(a);
+  EXPECT_EQ(clip_file_name(a).size(), std::string("My_Clip__1_-").size() + 16 + std::string(".safetensors").size());
+}
+
+TEST(Outputs, RanksShareTheRowsExactlyOnce) {
+  for (uint64_t world : {1, 2, 3, 7}) {
+    std::multiset<uint64_t> taken;
+    for (uint64_t row = 0; row < 100; ++row) {
+      ClipEntry e;
+      e.row = row;
+      for (uint64_t rank = 0; rank < world; ++rank)
+        if (owned_by(e, rank, world)) taken.insert(row);
+    }
+    EXPECT_EQ(taken.size(), 100u) << world;
+    for (uint64_t row = 0; row < 100; ++row) EXPECT_EQ(taken.count(row), 1u) << world;
+  }
+}
+
+TEST(Outputs, AnIndexKilledMidLineResumesWhole) {
+  const fs::path index = scratch("index.jsonl");
+  {
+    JsonLines log(index);
+    log.append(R"({"latent_file":"a.safetensors","caption":"line\nbreak"})");
+  }
+  {
+    std::ofstream torn(index, std::ios::app);
+    torn << R"({"latent_file":"b.safet)";  // the process died here
+  }
+  EXPECT_EQ(finished_files(index), (std::unordered_set<std::string>{"a.safetensors"}));
+  {
+    JsonLines log(index);  // terminates the torn line before appending
+    log.append(R"({"latent_file":"c.safetensors"})");
+  }
+  EXPECT_EQ(finished_files(index), (std::unordered_set<std::string>{"a.safetensors", "c.safetensors"}));
+  EXPECT_TRUE(finished_files(scratch("missing.jsonl")).empty());
+  fs::remove(index);
+}
