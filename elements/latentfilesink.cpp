@@ -27,7 +27,7 @@ namespace keys = latent::gst::file_keys;
 
 namespace {
 
-enum { PROP_0, PROP_LOCATION, PROP_MAX_FRAMES, PROP_FILES_WRITTEN, N_PROPS };
+enum { PROP_0, PROP_LOCATION, PROP_MAX_FRAMES, PROP_FILES_WRITTEN, PROP_METADATA, N_PROPS };
 GParamSpec* properties[N_PROPS];
 
 // Touched by the streaming thread, and by start()/stop(), which never run while it streams.
@@ -35,6 +35,7 @@ struct Stream {
   std::optional<LocationPattern> pattern;
   guint max_frames = 0;
   std::optional<LatentCapsInfo> info;
+  std::vector<std::pair<std::string, std::string>> extra_metadata;  // the metadata property, read at start
 
   // The file being written; no writer until its first frame, so an empty stream leaves no file behind.
   std::unique_ptr<latent::SafetensorsWriter> writer;
@@ -64,6 +65,7 @@ struct Impl {
   // Settings, under the object lock.
   std::string location;
   guint max_frames = 0;
+  GstStructure* metadata = nullptr;
   std::atomic<guint> files_written{0};
   Stream stream;
 };
@@ -129,6 +131,7 @@ bool commit_file(GstLatentFileSink* self) {
     if (st.timing[0] != GST_CLOCK_TIME_NONE) w.set_metadata(keys::kPts0, std::to_string(st.timing[0]));
     w.set_metadata(keys::kFileIndex, std::to_string(st.next_index));
     w.set_metadata(keys::kStreamFrame, std::to_string(st.stream_frames - st.frames));
+    for (const auto& [key, value] : st.extra_metadata) w.set_metadata(key, value);
     w.commit();
   } catch (const std::exception& e) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
@@ -290,7 +293,32 @@ gboolean sink_start(GstBaseSink* sink) {
   GST_OBJECT_LOCK(self);
   std::string location = impl.location;
   guint max_frames = impl.max_frames;
+  std::vector<std::pair<std::string, std::string>> extra;
+  bool reserved = false;
+  std::string reserved_key;
+  if (impl.metadata) {
+    for (int i = 0; i < gst_structure_n_fields(impl.metadata); ++i) {
+      const char* name = gst_structure_nth_field_name(impl.metadata, i);
+      const GValue* v = gst_structure_get_value(impl.metadata, name);
+      gchar* text = G_VALUE_HOLDS_STRING(v) ? g_value_dup_string(v) : gst_value_serialize(v);
+      extra.emplace_back(name, text ? text : "");
+      g_free(text);
+      if (g_str_has_prefix(name, "latent.") && !reserved) {
+        reserved = true;
+        reserved_key = name;
+      }
+    }
+  }
   GST_OBJECT_UNLOCK(self);
+
+  if (reserved) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("metadata field \"%s\" is refused: the latent.* keys describe the stream and are the sink's "
+                       "own.",
+                       reserved_key.c_str()),
+                      (nullptr));
+    return FALSE;
+  }
 
   if (location.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("No file name specified for writing."),
@@ -329,6 +357,7 @@ gboolean sink_start(GstBaseSink* sink) {
   st = Stream{};
   st.pattern = std::move(pattern);
   st.max_frames = max_frames;
+  st.extra_metadata = std::move(extra);
   impl.files_written = 0;
   return TRUE;
 }
@@ -367,6 +396,16 @@ void sink_set_property(GObject* object, guint id, const GValue* value, GParamSpe
       }
       impl.max_frames = g_value_get_uint(value);
       break;
+    case PROP_METADATA: {
+      if (running) {
+        g_warning("latentfilesink: changing metadata while the element is running is not supported");
+        break;
+      }
+      const GstStructure* m = gst_value_get_structure(value);
+      if (impl.metadata) gst_structure_free(impl.metadata);
+      impl.metadata = m ? gst_structure_copy(m) : nullptr;
+      break;
+    }
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -380,13 +419,16 @@ void sink_get_property(GObject* object, guint id, GValue* value, GParamSpec* psp
     case PROP_LOCATION: g_value_set_string(value, impl.location.empty() ? nullptr : impl.location.c_str()); break;
     case PROP_MAX_FRAMES: g_value_set_uint(value, impl.max_frames); break;
     case PROP_FILES_WRITTEN: g_value_set_uint(value, impl.files_written.load()); break;
+    case PROP_METADATA: g_value_set_boxed(value, impl.metadata); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
 }
 
 void sink_finalize(GObject* object) {
-  delete GST_LATENT_FILE_SINK(object)->impl;
+  Impl* impl = GST_LATENT_FILE_SINK(object)->impl;
+  if (impl->metadata) gst_structure_free(impl->metadata);
+  delete impl;
   G_OBJECT_CLASS(gst_latent_file_sink_parent_class)->finalize(object);
 }
 
@@ -416,6 +458,12 @@ static void gst_latent_file_sink_class_init(GstLatentFileSinkClass* klass) {
                         "Number of files committed under their final name since the element started (notified from "
                         "the streaming thread)",
                         0, G_MAXUINT, 0, GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS));
+  properties[PROP_METADATA] = g_param_spec_boxed(
+      "metadata", "Extra metadata",
+      "A structure whose fields are written into every file's __metadata__, each under its own name as a string "
+      "(e.g. metadata=\"clip,caption=(string)\\\"a cat\\\",source=(string)cat.mp4\"); latent.* names are the "
+      "sink's own and refused",
+      GST_TYPE_STRUCTURE, GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY));
   g_object_class_install_properties(gobject_class, N_PROPS, properties);
 
   GstCaps* caps = gst_caps_from_string(latent::gst::latent_template_caps_string().c_str());

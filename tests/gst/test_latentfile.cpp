@@ -139,13 +139,19 @@ struct Segment {
 
 // appsrc ! latentfilesink, the caps switching between segments.
 RunResult write_stream(const std::string& location, const std::vector<Segment>& segments, guint max_frames = 0,
-                       guint* files_written = nullptr) {
+                       guint* files_written = nullptr, const char* metadata = nullptr) {
   GstElement* pipeline = gst_pipeline_new(nullptr);
   GstElement* src = gst_element_factory_make("appsrc", nullptr);
   GstElement* sink = gst_element_factory_make("latentfilesink", nullptr);
   fail_unless(src && sink, "appsrc or latentfilesink missing");
   g_object_set(src, "format", GST_FORMAT_TIME, nullptr);
   g_object_set(sink, "location", location.c_str(), "max-frames", max_frames, nullptr);
+  if (metadata) {
+    GstStructure* m = gst_structure_from_string(metadata, nullptr);
+    fail_unless(m != nullptr, "bad structure %s", metadata);
+    g_object_set(sink, "metadata", m, nullptr);
+    gst_structure_free(m);
+  }
   gst_bin_add_many(GST_BIN(pipeline), src, sink, nullptr);
   fail_unless(gst_element_link(src, sink));
   if (gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE) {
@@ -609,6 +615,26 @@ GST_START_TEST(test_sink_errors) {
 }
 GST_END_TEST;
 
+// The metadata property lands in every file's __metadata__ as strings; the sink's own latent.* keys cannot be
+// replaced through it.
+GST_START_TEST(test_extra_metadata_is_written) {
+  TempDir dir;
+  const std::string path = dir.file("meta-%05d.safetensors");
+  const char* extra = "m, caption=(string)\"a cat, \\\"running\\\"\", frames=(int)7";
+  RunResult w = write_stream(path, {{caps_string(), make_frames(caps_string(), 3)}}, 2, nullptr, extra);
+  fail_unless(w.eos, "write failed: %s", w.message.c_str());
+  for (const char* name : {"meta-00000.safetensors", "meta-00001.safetensors"}) {
+    latent::SafetensorsFile f = latent::SafetensorsFile::open(dir.file(name));
+    fail_unless_equals_string(f.metadata().at("caption").c_str(), "a cat, \"running\"");
+    fail_unless_equals_string(f.metadata().at("frames").c_str(), "7");
+    fail_unless(f.metadata().count("latent.caps") == 1);
+  }
+  RunResult bad = write_stream(dir.file("bad.safetensors"), {{caps_string(), make_frames(caps_string(), 1)}}, 0,
+                               nullptr, "m, latent.model=(string)wan2.1");
+  fail_unless(!bad.eos && bad.message.find("latent.model") != std::string::npos, "got '%s'", bad.message.c_str());
+}
+GST_END_TEST;
+
 // A disk that fills up mid-stream, simulated with a file size limit: the error names the file, the file already
 // committed stays whole, and no temporary file is left behind.
 GST_START_TEST(test_sink_write_failure_keeps_committed_files) {
@@ -740,6 +766,7 @@ static Suite* latentfile_suite() {
   tcase_add_test(tc, test_caps_change_starts_a_new_file);
   tcase_add_test(tc, test_identical_caps_keep_one_file);
   tcase_add_test(tc, test_sink_errors);
+  tcase_add_test(tc, test_extra_metadata_is_written);
   tcase_add_test(tc, test_sink_write_failure_keeps_committed_files);
   tcase_add_test(tc, test_src_missing_and_corrupt_files);
   tcase_add_test(tc, test_src_foreign_and_inconsistent_files);
