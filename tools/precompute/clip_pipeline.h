@@ -1,0 +1,35 @@
+// One clip through GStreamer: decode, (resample the rate), resize + centre crop, vaeencode, latentfilesink, so the
+// latent file has exactly latentfilesink's layout, with the clip's caption and source in its __metadata__.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "manifest.h"
+
+namespace latent::precompute {
+
+struct EncodeSettings {
+  std::string model;  // a path; the caller resolves the default model, so every pipeline shares one loaded copy
+  std::string device = "cpu";
+  std::string dtype = "auto";
+  int width = 0, height = 0;  // 0: the source size (rounded to what the model takes)
+  double fps = 0;             // 0: the source rate; a row's fps column overrides it
+  uint64_t max_frames = 0;    // video frames per clip, 0: all
+  double timeout_seconds = 3600;
+};
+
+struct ClipResult {
+  bool ok = false;
+  std::string reason;    // why it failed, for errors.jsonl
+  uint64_t frames = 0;   // video frames encoded
+  uint64_t latents = 0;  // latent frames written
+  double seconds = 0;
+};
+
+// Encodes `clip` into `out_file` (written under a temporary name and renamed into place by latentfilesink). On
+// failure no file is left under `out_file`.
+ClipResult encode_clip(const ClipEntry& clip, const EncodeSettings& settings, const std::filesystem::path& out_file);
+
+}  // namespace latent::precompute
