@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -254,6 +255,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "latent-precompute: %s\n", e.what());
     return kExitFatal;
   }
+  // Temporary twins of clip files a killed run was writing (".<name>.tmp-XXXX"); each is removed when its clip
+  // comes up in this run, so another rank's file in progress is never touched.
+  std::unordered_map<std::string, std::vector<fs::path>> stale;
+  for (const auto& d : fs::directory_iterator(o.out, ec)) {
+    const std::string f = d.path().filename().string();
+    const size_t tmp = f.rfind(".tmp-");
+    if (f.size() > 1 && f[0] == '.' && tmp != std::string::npos) stale[f.substr(1, tmp - 1)].push_back(d.path());
+  }
+  std::mutex stale_mu;
+  auto drop_stale = [&](const std::string& name) {
+    std::lock_guard<std::mutex> lock(stale_mu);
+    auto it = stale.find(name);
+    if (it == stale.end()) return;
+    for (const fs::path& p : it->second) fs::remove(p, ec);
+    stale.erase(it);
+  };
   const fs::path index_path = o.out / "index.jsonl";
   const std::unordered_set<std::string> finished = finished_files(index_path);
   JsonLines index(index_path), errors(o.out / "errors.jsonl");
@@ -278,6 +295,7 @@ int main(int argc, char** argv) {
       }
       const ClipEntry& clip = std::get<ClipEntry>(*row);
       const std::string name = clip_file_name(clip);
+      drop_stale(name);
       if (finished.count(name)) {
         totals.skipped++;
         progress.update();
