@@ -36,14 +36,16 @@ check() {
   local destdir=$1
   # Where meson puts an install directory under DESTDIR: options inside the prefix are relative to it.
   installed() { case $1 in /*) echo "$destdir$1" ;; *) echo "$destdir$prefix/$1" ;; esac }
-  local lib plugins tools models plugin inspect
+  local lib plugins tools models plugin inspect precompute
   lib=$(installed "$libdir")
   plugins=$(installed "$plugindir")
   tools=$(installed "$bindir")
   models=$(installed "$datadir")/gst-latent/models
   plugin=$plugins/libgstlatent.so
   inspect=$tools/latent-inspect
-  for f in "$plugin" "$lib/liblatentcore.so" "$inspect" "$models/latent-tiny-wan.safetensors"; do
+  precompute=$tools/latent-precompute
+  for f in "$plugin" "$lib/liblatentcore.so" "$inspect" "$precompute" "$models/latent-tiny-wan.safetensors" \
+    "$models/latent-gen-small.safetensors"; do
     [ -e "$f" ] || fail "$f was not installed"
   done
 
@@ -59,7 +61,7 @@ check() {
 
   echo "== RUNPATH of the installed binaries"
   local status=0 bin runpath resolved core e entries
-  for bin in "$plugin" "$lib"/liblatentcore.so.*.*.* "$inspect"; do
+  for bin in "$plugin" "$lib"/liblatentcore.so.*.*.* "$inspect" "$precompute"; do
     runpath=$(readelf -d "$bin" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p')
     echo "$bin: $runpath"
     case ":$runpath:" in *":$build"[:/]*) echo "FAIL: $bin names the build dir $build"; status=1 ;; esac
@@ -100,6 +102,7 @@ check() {
   echo "== installed latent-inspect"
   clean "$inspect" --runtime | grep -q LibTorch || fail "installed latent-inspect --runtime"
   clean "$inspect" "$models/latent-tiny-wan.safetensors" >/dev/null || fail "installed latent-inspect on the model"
+  clean "$precompute" --help | grep -q MANIFEST || fail "installed latent-precompute --help"
 
   echo "== pipeline through the installed plugin with the default model"
   extra=$system_plugins

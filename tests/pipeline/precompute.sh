@@ -62,6 +62,25 @@ print("latents identical; metadata", {k: m[k] for k in ("caption", "source", "la
 EOF
 fi
 
+if [ -n "${LATENT_PYTHON:-}" ]; then
+  echo "== examples/latent_dataset.py reads the output"
+  PYTHONPATH="$LATENT_SOURCE_DIR/examples" "$LATENT_PYTHON" - out <<'EOF'
+import json, sys
+import torch
+from latent_dataset import LatentDataset
+ds = LatentDataset(sys.argv[1])
+index = [json.loads(l) for l in open(sys.argv[1] + "/index.jsonl")]
+assert len(ds) == len(index) == 4, len(ds)
+for item, e in zip(ds, index):
+    assert list(item["latents"].shape) == e["shape"], (item["latents"].shape, e["shape"])
+    assert item["caption"] == e["caption"] and item["model"] == "latent-tiny-wan"
+    assert item["timing"].shape[0] == e["shape"][0]
+batches = list(torch.utils.data.DataLoader(ds, batch_size=None, shuffle=True))
+assert sorted(b["caption"] for b in batches) == sorted(e["caption"] for e in index)
+print("LatentDataset:", len(ds), "clips, shapes", [e["shape"] for e in index])
+EOF
+fi
+
 echo "== a rerun skips what is done"
 set +e
 "$tool" --width 64 --height 64 m.csv out >rerun.log 2>&1
