@@ -38,17 +38,6 @@ import gen_small_model as gsm  # noqa: E402
 GRID = [0.1, 0.3, 0.5, 0.7, 0.9]
 
 
-def load(path):
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    with safe_open(path, "pt") as f:
-        meta = f.metadata()
-    model = gsm.LatentGenSmall(json.loads(meta["config"]))
-    model.load_state_dict(load_file(path))
-    return model.eval(), meta
-
-
 @torch.no_grad()
 def heldout_loss(model, clips, window):
     x0 = clips[:, :, :window].float()
@@ -151,7 +140,7 @@ def main():
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    model, meta = load(a.model)
+    model, meta = gsm.load(a.model)
     bank = torch.load(Path(a.work) / "latents.pt")
     held, train = bank["heldout"], bank["train"]
     window = int(meta["window"])

@@ -255,6 +255,18 @@ def randomize(model, seed):
     return model
 
 
+def load(path):
+    """The model saved by save() and its __metadata__ (all strings)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    model = LatentGenSmall(json.loads(meta["config"]))
+    model.load_state_dict(load_file(str(path)))
+    return model.eval(), meta
+
+
 def parameter_count(model):
     return sum(p.numel() for p in model.parameters())
 

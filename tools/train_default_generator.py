@@ -51,18 +51,6 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def load_vae():
-    from diffusers import AutoencoderKLWan
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    with safe_open(str(VAE_FILE), "pt") as f:
-        config = json.loads(f.metadata()["config"])
-    vae = AutoencoderKLWan(**{k: v for k, v in config.items() if not k.startswith("_")})
-    vae.load_state_dict(load_file(str(VAE_FILE)))
-    return vae.eval(), config
-
-
 def split_photos(photos):
     train = [p for i, p in enumerate(photos) if i % HELD_OUT_EVERY != 0]
     held = [p for i, p in enumerate(photos) if i % HELD_OUT_EVERY == 0]
@@ -96,7 +84,7 @@ def cmd_prepare(args):
     photos = torch.load(Path(args.vae_work) / "photos.pt")["photos"] if (Path(args.vae_work) / "photos.pt").exists() \
         else tdv.prepare(Path(args.vae_work))[0]["photos"]
     train, held = split_photos(photos)
-    vae, config = load_vae()
+    vae, config = tdv.load_vae_file(VAE_FILE)
     t0 = time.time()
     probe = encode_clips(vae, config, train, 8, seed=99)
     per_clip = (time.time() - t0) / 8

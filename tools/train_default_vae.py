@@ -500,6 +500,19 @@ def evaluate(model, clips, device):
     return out
 
 
+def load_vae_file(path):
+    """A VAE exported by `export` (or any AutoencoderKLWan safetensors file with its config in __metadata__),
+    as the diffusers module and its config."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), "pt") as f:
+        config = json.loads(f.metadata()["config"])
+    model = make_model({k: v for k, v in config.items() if not k.startswith("_")})
+    model.load_state_dict(load_file(str(path)))
+    return model.eval(), config
+
+
 def load_trained(work, device, which="ema"):
     st = torch.load(Path(work) / "checkpoint.pt", map_location=device, weights_only=False)
     model = make_model(st["config"]).to(device)

@@ -21,34 +21,9 @@ TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TOOLS)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import gen_small_model as gsm  # noqa: E402
+import train_default_vae as tdv  # noqa: E402
 from ref_runner import reset_peak_rss, status_bytes  # noqa: E402
-
-
-def load_generator(path):
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    import gen_small_model as gsm
-
-    with safe_open(path, "pt") as f:
-        meta = f.metadata()
-    model = gsm.LatentGenSmall(json.loads(meta["config"]))
-    model.load_state_dict(load_file(path))
-    return model.eval(), meta
-
-
-def load_vae(path):
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-    from diffusers import AutoencoderKLWan
-
-    with safe_open(path, "pt") as f:
-        config = json.loads(f.metadata()["config"])
-    config = {k: v for k, v in config.items() if not k.startswith("_")}
-    vae = AutoencoderKLWan(**config)
-    vae.load_state_dict(load_file(path))
-    return vae.eval(), config
 
 
 def main(argv=None):
@@ -70,8 +45,8 @@ def main(argv=None):
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     t_load = time.perf_counter()
-    model, meta = load_generator(a.generator)
-    vae, vae_config = load_vae(a.vae) if a.vae else (None, None)
+    model, meta = gsm.load(a.generator)
+    vae, vae_config = tdv.load_vae_file(a.vae) if a.vae else (None, None)
     load_seconds = time.perf_counter() - t_load
     steps = a.steps or int(meta["steps"])
     window = a.window or int(meta["window"])
