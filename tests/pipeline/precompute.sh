@@ -5,7 +5,7 @@
 # grow with the number of clips (LATENT_PRECOMPUTE_SCALE=1: 200 against 2,000 clips; otherwise 40 against 200).
 # usage: precompute.sh LATENT_PRECOMPUTE
 set -euo pipefail
-tool=$1
+tool=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
