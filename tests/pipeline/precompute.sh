@@ -81,6 +81,15 @@ print("LatentDataset:", len(ds), "clips, shapes", [e["shape"] for e in index])
 EOF
 fi
 
+echo "== a folder of videos, --max-frames and --fps"
+"$tool" --width 64 --height 64 --max-frames 5 sub folder >/dev/null 2>&1 || fail "folder run"
+[ "$(wc -l <folder/index.jsonl)" -eq 1 ] || fail "folder index: $(cat folder/index.jsonl)"
+grep -q '"path":"with space.avi","caption":"",.*"frames":5,' folder/index.jsonl || fail "folder/max-frames: $(cat folder/index.jsonl)"
+printf 'path,caption,fps\nclip2.avi,twelve a second,12\n' >fps.csv
+"$tool" --width 64 --height 64 fps.csv fps >/dev/null 2>&1 || fail "fps run"
+# 14 frames at 24/s last 0.58 s: 7 frames at 12/s, and videorate may add one to cover the last frame's time.
+grep -qE '"frames":(7|8),' fps/index.jsonl || fail "14 frames at 24/s resampled to 12/s: $(cat fps/index.jsonl)"
+
 echo "== a rerun skips what is done"
 set +e
 "$tool" --width 64 --height 64 m.csv out >rerun.log 2>&1
