@@ -163,6 +163,17 @@ class Feed {
       reader_.emplace(file_, o.manifest.parent_path());
     }
   }
+  // Rows this rank will see, from a first streamed pass (the manifest is read twice, never held): the progress
+  // line's total and ETA.
+  uint64_t count() const {
+    if (!reader_) return owned(folder_.size());
+    std::ifstream again(o_.manifest);
+    ManifestReader r(again, o_.manifest.parent_path());
+    uint64_t rows = 0;
+    while (r.next()) ++rows;
+    return owned(rows);
+  }
+
   std::optional<ManifestRow> next() {
     std::lock_guard<std::mutex> lock(mu_);
     for (;;) {
@@ -179,6 +190,9 @@ class Feed {
   }
 
  private:
+  uint64_t owned(uint64_t rows) const {
+    return o_.world <= 1 ? rows : rows / o_.world + (o_.rank < rows % o_.world ? 1 : 0);
+  }
   const Options& o_;
   std::mutex mu_;
   std::ifstream file_;
@@ -193,7 +207,8 @@ struct Totals {
 
 class Progress {
  public:
-  explicit Progress(const Totals& t) : t_(t), tty_(isatty(STDERR_FILENO)), start_(std::chrono::steady_clock::now()) {}
+  Progress(const Totals& t, uint64_t total)
+      : t_(t), total_(total), tty_(isatty(STDERR_FILENO)), start_(std::chrono::steady_clock::now()) {}
   void update(bool force = false) {
     std::lock_guard<std::mutex> lock(mu_);
     const auto now = std::chrono::steady_clock::now();
@@ -201,16 +216,23 @@ class Progress {
     if (!force && std::chrono::duration<double>(now - last_).count() < every) return;
     last_ = now;
     const double s = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "%s%llu clips done, %llu failed, %llu skipped; %llu frames, %.1f frames/s, %.0f s%s",
-                 tty_ ? "\r\033[K" : "", (unsigned long long)t_.done.load(), (unsigned long long)t_.failed.load(),
-                 (unsigned long long)t_.skipped.load(), (unsigned long long)t_.frames.load(),
-                 s > 0 ? double(t_.frames.load()) / s : 0.0, s, tty_ ? "" : "\n");
+    const uint64_t seen = t_.done + t_.failed + t_.skipped, worked = t_.done + t_.failed;
+    // Skipped clips cost nothing, so the ETA is paced by the clips actually encoded (or attempted).
+    char eta[48] = "";
+    if (worked > 0 && total_ > seen)
+      std::snprintf(eta, sizeof eta, ", ETA %.0f s", s / double(worked) * double(total_ - seen));
+    std::fprintf(
+        stderr, "%s%llu/%llu clips: %llu done, %llu failed, %llu skipped; %llu frames, %.1f frames/s, %.0f s%s%s",
+        tty_ ? "\r\033[K" : "", (unsigned long long)seen, (unsigned long long)total_,
+        (unsigned long long)t_.done.load(), (unsigned long long)t_.failed.load(), (unsigned long long)t_.skipped.load(),
+        (unsigned long long)t_.frames.load(), s > 0 ? double(t_.frames.load()) / s : 0.0, s, eta, tty_ ? "" : "\n");
     std::fflush(stderr);
   }
   double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
  private:
   const Totals& t_;
+  uint64_t total_;
   bool tty_;
   std::chrono::steady_clock::time_point start_, last_{};
   std::mutex mu_;
@@ -276,7 +298,7 @@ int main(int argc, char** argv) {
   JsonLines index(index_path), errors(o.out / "errors.jsonl");
   std::mutex log_mu;
   Totals totals;
-  Progress progress(totals);
+  Progress progress(totals, feed->count());
 
   auto record_error = [&](uint64_t row, const std::string& source, const std::string& reason) {
     latent::json::Object e{{"row", Value::unsigned_integer(row)}, {"path", source}, {"reason", reason}};
