@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "latent/parallel/row_shard.h"
 #include "nn/winograd.h"
 
 namespace latent::layers {
@@ -33,9 +34,16 @@ CausalConv3d CausalConv3d::load(WeightReader& r, const std::string& prefix, int6
   return c;
 }
 
-Tensor CausalConv3d::conv3d_same(const Tensor& x, const Conv& c) const {
-  if (c.wino.defined()) return winograd_conv3d(x, c.wino, c.b);
-  return conv_direct(x, c.w, c.b, {1, 1, 1}, {0, (kh - 1) / 2, (kw - 1) / 2});
+namespace {
+// Winograd kernels always pad by one: with halo rows present that gives `halo` rows too many at each end.
+Tensor drop_halo(const Tensor& y, int64_t halo) {
+  return halo ? y.narrow(3, halo, y.size(3) - 2 * halo).contiguous() : y;
+}
+}  // namespace
+
+Tensor CausalConv3d::conv3d_same(const Tensor& x, const Conv& c, int64_t halo) const {
+  if (c.wino.defined()) return drop_halo(winograd_conv3d(x, c.wino, c.b), halo);
+  return conv_direct(x, c.w, c.b, {1, 1, 1}, {0, halo ? 0 : (kh - 1) / 2, (kw - 1) / 2});
 }
 
 Tensor CausalConv3d::left_frames(const Tensor& x, const Tensor& history) const {
@@ -58,22 +66,26 @@ Tensor CausalConv3d::forward_padded(const Tensor& padded, StateSlots& s) const {
   TORCH_CHECK(kt > 1 && padded.dim() == 5 && padded.size(2) > n, "CausalConv3d::forward_padded: no time padding");
   Tensor& history = s.tensors[slot];
   padded.narrow(2, 0, n).copy_(left_frames(padded.narrow(2, n, padded.size(2) - n), history));
-  Tensor y = conv3d_same(padded, conv);
+  Tensor y = conv3d_same(padded, conv, 0);
   s.carry(slot, padded.slice(2, padded.size(2) - n));
   return y;
 }
 
-Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
-  if (kt == 1) return conv3d_same(x, conv);
+Tensor CausalConv3d::forward(const Tensor& band, StateSlots& s) const {
+  // A band gets its neighbours' rows before anything else, and carries them with its frames: the next chunk's
+  // carried frames then already hold the rows the kernel reaches across.
+  const int64_t halo = s.shard ? (kh - 1) / 2 : 0;
+  const Tensor x = halo ? s.shard->with_halo(band, halo, halo) : band;
+  if (kt == 1) return conv3d_same(x, conv, halo);
   const int64_t n = kt - 1;
   Tensor& history = s.tensors[slot];
   const Tensor left = left_frames(x, history).contiguous();
   Tensor y;
   if (conv.wino.defined()) {
     // Reads the carried frames and the chunk where they lie: no padded copy of the chunk.
-    y = winograd_conv3d(x, conv.wino, conv.b, left);
+    y = drop_halo(winograd_conv3d(x, conv.wino, conv.b, left), halo);
   } else {
-    y = conv3d_same(torch::cat({left, x}, 2), conv);
+    y = conv3d_same(torch::cat({left, x}, 2), conv, halo);
   }
   if (x.size(2) >= n)
     s.carry(slot, x.slice(2, x.size(2) - n));
@@ -84,7 +96,7 @@ Tensor CausalConv3d::forward(const Tensor& x, StateSlots& s) const {
 
 Tensor conv_silu_rms_norm(const CausalConv3d& conv, const Tensor& x, const Tensor& gamma, StateSlots& s) {
   const int64_t h = conv.headroom();
-  if (h == 0) return conv.forward(silu_rms_norm_channels(x, gamma), s);
+  if (h == 0 || s.shard) return conv.forward(silu_rms_norm_channels(x, gamma), s);
   return conv.forward_padded(silu_rms_norm_channels(x, gamma, h), s);
 }
 
@@ -97,12 +109,23 @@ Tensor batch_to_frames(const Tensor& y, int64_t b, int64_t t) {  // [B*T, C, H, 
 }
 }  // namespace
 
-Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding) {
-  if (c.wino.defined()) {
-    TORCH_CHECK(stride == 1 && padding == 1, "conv2d_per_frame: a Winograd kernel needs stride 1, padding 1");
-    return winograd_conv3d(x, c.wino, c.b);  // kT = 1: frame by frame, and no [B*T, C, H, W] copies
-  }
-  Tensor y = conv_direct(frames_to_batch(x), c.w, c.b, {stride, stride}, {padding, padding});
+Tensor conv2d_per_frame(const Tensor& band, const Conv& c, int64_t stride, int64_t padding,
+                        const parallel::RowShard* shard) {
+  TORCH_CHECK(!(c.wino.defined() || shard) || (stride == 1 && padding == 1),
+              "conv2d_per_frame: Winograd kernels and bands need stride 1, padding 1");
+  const int64_t halo = shard ? 1 : 0;
+  const Tensor x = halo ? shard->with_halo(band, halo, halo) : band;
+  if (c.wino.defined()) return drop_halo(winograd_conv3d(x, c.wino, c.b), halo);  // frame by frame, no copies
+  Tensor y = conv_direct(frames_to_batch(x), c.w, c.b, {stride, stride}, {padding - halo, padding});
+  return batch_to_frames(y, x.size(0), x.size(2));
+}
+
+Tensor conv2d_down2x_per_frame(const Tensor& x, const Conv& c, const parallel::RowShard* shard) {
+  // Output row i reads rows 2i to 2i + 2: a band (of even height) needs one row from below, the frame's last
+  // band a zero row.
+  const Tensor padded =
+      shard ? torch::constant_pad_nd(shard->with_halo(x, 0, 1), {0, 1, 0, 0}) : torch::constant_pad_nd(x, {0, 1, 0, 1});
+  Tensor y = conv_direct(frames_to_batch(padded), c.w, c.b, {2, 2}, {0, 0});
   return batch_to_frames(y, x.size(0), x.size(2));
 }
 

@@ -55,16 +55,22 @@ struct CausalConv3d {
  private:
   // The frames that precede this chunk: carried ones, or the clip's start padding.
   Tensor left_frames(const Tensor& x, const Tensor& history) const;
-  // Stride 1, time already padded, H and W padded to keep their size.
-  Tensor conv3d_same(const Tensor& x, const Conv& c) const;
+  // Stride 1, time already padded, H and W padded to keep their size; `halo` rows above and below already there
+  // (a patch-parallel band) are consumed instead of padding.
+  Tensor conv3d_same(const Tensor& x, const Conv& c, int64_t halo) const;
 };
 
 // conv(silu(rms_norm(x))), the Wan pattern, with the norm writing straight into the conv's padded input.
 Tensor conv_silu_rms_norm(const CausalConv3d& conv, const Tensor& x, const Tensor& gamma, StateSlots& s);
 
 // Applies a 2-D convolution to every frame of a [B, C, T, H, W] tensor (stride 1 and padding 1 when the
-// kernel is in the Winograd form).
-Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding);
+// kernel is in the Winograd form or the frames are a patch-parallel band).
+Tensor conv2d_per_frame(const Tensor& x, const Conv& c, int64_t stride, int64_t padding,
+                        const parallel::RowShard* shard = nullptr);
+
+// The downsamplers' 3x3 stride-2 convolution of every frame, after one zero column on the right and one zero row
+// at the bottom (of the frame: a band takes its bottom row from the rank below).
+Tensor conv2d_down2x_per_frame(const Tensor& x, const Conv& c, const parallel::RowShard* shard);
 
 // Nearest-neighbour x2 upsampling of H and W of every frame. Pure repetition, so exact in any dtype (the
 // references compute it in float32 for the same values).

@@ -7,6 +7,10 @@
 #include <cstddef>
 #include <vector>
 
+namespace latent::parallel {
+class RowShard;
+}
+
 namespace latent::layers {
 
 using torch::Tensor;
@@ -15,6 +19,9 @@ using torch::Tensor;
 struct StateSlots {
   std::vector<Tensor> tensors;
   std::vector<bool> started;  // for layers whose first chunk differs (Wan's temporal resamplers)
+  // Set when the stream holds one band of rows of a patch-parallel group: layers that look across rows (convs,
+  // group norms, attention) then fetch what they need from the other ranks.
+  const parallel::RowShard* shard = nullptr;
   explicit StateSlots(size_t n = 0) : tensors(n), started(n, false) {}
   size_t bytes() const;
   // Makes slot i hold a copy of `frames` (never a view: it would pin the whole chunk). From the second chunk

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "io/json.h"
+#include "latent/parallel/row_shard.h"
 #include "nn/layers.h"
 #include "vae/families.h"
 #include "vae/slot_state.h"
@@ -38,7 +39,29 @@ struct GroupNorm {
   static GroupNorm load(WeightReader& r, const std::string& p, int64_t c, int64_t groups, double eps) {
     return {r.take(p + ".weight", {c}), r.take(p + ".bias", {c}), groups, eps};
   }
-  Tensor forward(const Tensor& x) const { return torch::group_norm(x, groups, weight, bias, eps); }
+  Tensor forward(const Tensor& x, const parallel::RowShard* shard) const {
+    return shard ? banded(x, *shard) : torch::group_norm(x, groups, weight, bias, eps);
+  }
+
+ private:
+  // A band's statistics are summed over the ranks, in float32 and in two passes (the mean, then the squared
+  // deviations from it), as a one-pass sum of squares would lose the variance of a feature far from zero.
+  Tensor banded(const Tensor& x, const parallel::RowShard& shard) const {
+    const int64_t b = x.size(0), c = x.size(1);
+    Tensor g = x.reshape({b, groups, -1}).to(torch::kFloat);
+    Tensor n = torch::full({1}, double(g.size(2)), g.options());
+    Tensor sums = torch::cat({g.sum(-1).reshape({-1}), n});
+    shard.all_reduce(sums);
+    const Tensor count = sums.slice(0, b * groups);
+    Tensor mean = (sums.slice(0, 0, b * groups) / count).reshape({b, groups, 1});
+    Tensor centred = g - mean;
+    Tensor sq = centred.square().sum(-1).reshape({-1});
+    shard.all_reduce(sq);
+    Tensor rstd = torch::rsqrt(sq / count + eps).reshape({b, groups, 1});
+    Tensor y = centred.mul_(rstd).reshape(x.sizes());
+    auto per_channel = [&](const Tensor& v) { return v.to(torch::kFloat).reshape({1, c, 1, 1, 1}); };
+    return y.mul_(per_channel(weight)).add_(per_channel(bias)).to(x.scalar_type());
+  }
 };
 
 // Nearest resize of z to (T, H, W); with an odd T > 1 the first frame is resized on its own, so latent 0 maps
@@ -66,7 +89,7 @@ struct SpatialNorm {
   Tensor forward(const Tensor& f, const Tensor& zq, StateSlots& s) const {
     Tensor z = resize_like(zq, f);
     // In place on the fresh norm output: one full-size tensor instead of three.
-    Tensor out = norm.forward(f);
+    Tensor out = norm.forward(f, s.shard);
     out.mul_(conv_y.forward(z, s));
     return out.add_(conv_b.forward(z, s));
   }
@@ -93,7 +116,7 @@ struct ResBlock {
   }
 
   static Tensor apply(const std::variant<GroupNorm, SpatialNorm>& n, const Tensor& x, const Tensor& zq, StateSlots& s) {
-    if (auto* g = std::get_if<GroupNorm>(&n)) return g->forward(x);
+    if (auto* g = std::get_if<GroupNorm>(&n)) return g->forward(x, s.shard);
     return std::get<SpatialNorm>(n).forward(x, zq, s);
   }
 
@@ -107,7 +130,7 @@ struct ResBlock {
 struct Downsample {
   Conv conv;
   bool compress_time = false;
-  Tensor forward(const Tensor& x_in) const {
+  Tensor forward(const Tensor& x_in, const parallel::RowShard* shard) const {
     Tensor x = x_in;
     if (compress_time && x.size(2) > 1) {
       // Pairs of frames are averaged; an odd chunk keeps its first frame alone.
@@ -118,14 +141,14 @@ struct Downsample {
         x = torch::avg_pool3d(x, {2, 1, 1}, {2, 1, 1});
       }
     }
-    return conv2d_per_frame(torch::constant_pad_nd(x, {0, 1, 0, 1}), conv, 2, 0);
+    return conv2d_down2x_per_frame(x, conv, shard);
   }
 };
 
 struct Upsample {
   Conv conv;
   bool compress_time = false;
-  Tensor forward(const Tensor& x_in) const {
+  Tensor forward(const Tensor& x_in, const parallel::RowShard* shard) const {
     Tensor x = x_in;
     const int64_t t = x.size(2);
     if (compress_time && t > 1) {
@@ -133,7 +156,7 @@ struct Upsample {
       x = t % 2 == 1 ? torch::cat({x.slice(2, 0, 1), x.slice(2, 1).repeat_interleave(2, 2)}, 2)
                      : x.repeat_interleave(2, 2);
     }
-    return conv2d_per_frame(upsample2x_per_frame(x), conv, 1, 1);
+    return conv2d_per_frame(upsample2x_per_frame(x), conv, 1, 1, shard);
   }
 };
 
@@ -155,10 +178,10 @@ class CogVae : public Vae {
     Tensor h = enc_in_.forward(x, s);
     for (size_t i = 0; i < down_.size(); ++i) {
       for (const auto& b : down_[i]) h = b.forward(h, {}, s);
-      if (i < downsamplers_.size()) h = downsamplers_[i].forward(h);
+      if (i < downsamplers_.size()) h = downsamplers_[i].forward(h, s.shard);
     }
     for (const auto& b : enc_mid_) h = b.forward(h, {}, s);
-    return enc_out_.forward(silu_owned(enc_norm_.forward(h)), s);
+    return enc_out_.forward(silu_owned(enc_norm_.forward(h, s.shard)), s);
   }
 
   Tensor decode_step(VaeState& state, const Tensor& z) const override {
@@ -167,7 +190,7 @@ class CogVae : public Vae {
     for (const auto& b : dec_mid_) h = b.forward(h, z, s);
     for (size_t i = 0; i < up_.size(); ++i) {
       for (const auto& b : up_[i]) h = b.forward(h, z, s);
-      if (i < upsamplers_.size()) h = upsamplers_[i].forward(h);
+      if (i < upsamplers_.size()) h = upsamplers_[i].forward(h, s.shard);
     }
     return dec_out_.forward(silu_owned(dec_norm_.forward(h, z, s)), s);
   }

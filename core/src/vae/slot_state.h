@@ -11,7 +11,11 @@ class SlotState : public VaeState {
   explicit SlotState(size_t n) : slots(n) {}
   size_t bytes() const override { return slots.bytes(); }
   // Vae::encode_chunk/decode_chunk have checked that the state is this model's, which makes only SlotStates.
-  static layers::StateSlots& of(VaeState& state) { return static_cast<SlotState&>(state).slots; }
+  static layers::StateSlots& of(VaeState& state) {
+    layers::StateSlots& s = static_cast<SlotState&>(state).slots;
+    s.shard = state.shard();
+    return s;
+  }
   layers::StateSlots slots;
 };
 

@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 
+#include "latent/parallel/row_shard.h"
 #include "memory/heap.h"
 
 namespace latent {
@@ -64,11 +65,13 @@ StreamingEncoder::~StreamingEncoder() = default;
 
 void StreamingEncoder::reset() {
   state_ = vae_->new_encoder_state();
+  state_->set_shard(options_.shard);
   pending_.clear();
   // After the caches that live in it: the old heap's mappings go back to the system at once.
   heap_ = ActivationHeap::for_device(vae_->device());
   pending_count_ = frames_in_ = frames_coded_ = latents_out_ = 0;
   width_ = height_ = 0;
+  band_first_ = band_rows_ = 0;
   generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
 }
 
@@ -104,12 +107,22 @@ Tensor StreamingEncoder::to_model_input(const Tensor& frames) {
     vae_->check_frame_size(w, h);
     width_ = w;
     height_ = h;
+    if (options_.shard) {
+      const auto band = parallel::split_rows(h / vae_->spec().spatial_factor, options_.shard->world());
+      band_first_ = band[size_t(options_.shard->rank())].first;
+      band_rows_ = band[size_t(options_.shard->rank())].count;
+    }
   } else if (w != width_ || h != height_) {
     throw std::invalid_argument("frame size changed from " + std::to_string(width_) + "x" + std::to_string(height_) +
                                 " to " + std::to_string(w) + "x" + std::to_string(h) +
                                 " within a clip; finish() or reset() first");
   }
-  Tensor x = frames.to(vae_->device());
+  Tensor x = frames;
+  if (options_.shard) {  // this rank's band, cut before it travels to the device
+    const int64_t sf = vae_->spec().spatial_factor;
+    x = x.narrow(rgb8 ? 1 : 2, band_first_ * sf, band_rows_ * sf);
+  }
+  x = x.to(vae_->device());
   if (rgb8) {
     // Scale in float32 whatever the compute dtype: 8-bit levels are exact there.
     x = x.permute({3, 0, 1, 2}).to(torch::kFloat).div(127.5).sub(1.0);
@@ -142,7 +155,11 @@ EncodedLatents StreamingEncoder::encode(const Tensor& x, int64_t frames) {
   Tensor z = moments.slice(1, 0, c);
   if (options_.sample) {
     Tensor logvar = moments.slice(1, c, 2 * c).to(torch::kFloat).clamp(-30.0, 20.0);
-    Tensor noise = torch::randn(z.sizes(), generator_, torch::TensorOptions().dtype(torch::kFloat));
+    // Drawn for the whole frame and cut to the band, so every rank count gives the same sample.
+    auto whole = z.sizes().vec();
+    if (options_.shard) whole[3] = height_ / spec.spatial_factor;
+    Tensor noise = torch::randn(whole, generator_, torch::TensorOptions().dtype(torch::kFloat));
+    if (options_.shard) noise = noise.narrow(3, band_first_, band_rows_);
     z = (z.to(torch::kFloat) + torch::exp(0.5 * logvar) * noise.to(z.device())).to(z.scalar_type());
   }
   Tensor zf = z.to(torch::kFloat);
@@ -207,6 +224,7 @@ StreamingDecoder::~StreamingDecoder() = default;
 
 void StreamingDecoder::reset() {
   state_ = vae_->new_decoder_state();
+  state_->set_shard(options_.shard);
   pending_.clear();
   heap_ = ActivationHeap::for_device(vae_->device());
   pending_real_.clear();
@@ -270,7 +288,13 @@ Tensor StreamingDecoder::push(const Tensor& latents, const std::vector<int64_t>&
   if (!real_frames.empty() && int64_t(real_frames.size()) != t)
     throw std::invalid_argument("real_frames needs one entry per latent");
   if (t == 0) return {};
-  Tensor z = latents.to(vae_->device(), torch::kFloat).permute({1, 0, 2, 3}).unsqueeze(0);
+  Tensor band = latents;
+  if (options_.shard) {
+    const auto bands = parallel::split_rows(latents.size(2), options_.shard->world());
+    const auto& mine = bands[size_t(options_.shard->rank())];
+    band = latents.narrow(2, mine.first, mine.count);
+  }
+  Tensor z = band.to(vae_->device(), torch::kFloat).permute({1, 0, 2, 3}).unsqueeze(0);
   z = (z / per_channel(spec.latent_scale, z) + per_channel(spec.latent_shift, z)).to(vae_->dtype());
   pending_.push_back(z.contiguous());
   for (int64_t j = 0; j < t; ++j) {

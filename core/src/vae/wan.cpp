@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "io/json.h"
+#include "latent/parallel/row_shard.h"
 #include "nn/layers.h"
 #include "vae/families.h"
 #include "vae/slot_state.h"
@@ -62,7 +63,8 @@ struct ResBlock {
   }
 };
 
-// Per-frame single-head self-attention over the H*W positions (mid blocks only): frames never see each other.
+// Per-frame single-head self-attention over the H*W positions (mid blocks only): frames never see each other. A
+// patch-parallel band computes the queries of its own rows against the keys and values of the whole frame.
 struct Attention {
   Tensor gamma;
   Conv qkv, proj;
@@ -72,14 +74,19 @@ struct Attention {
             Conv::load(r, p + ".proj", {c, c, 1, 1})};
   }
 
-  Tensor forward(const Tensor& x) const {
+  Tensor forward(const Tensor& x, const parallel::RowShard* shard) const {
     const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
     Tensor f = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     Tensor n = rms_norm_channels(f, gamma);
-    Tensor qkv_out = conv_direct(n, qkv.w, qkv.b, {1, 1}, {0, 0});           // [BT, 3C, H, W]
-    Tensor tokens = qkv_out.reshape({b * t, 3 * c, h * w}).transpose(1, 2);  // [BT, HW, 3C]
-    auto parts = tokens.unsqueeze(1).chunk(3, -1);                           // q, k, v: [BT, 1, HW, C]
-    Tensor a = at::scaled_dot_product_attention(parts[0], parts[1], parts[2]);
+    Tensor qkv_out = conv_direct(n, qkv.w, qkv.b, {1, 1}, {0, 0});  // [BT, 3C, H, W]
+    auto tokens = [&](const Tensor& m, int64_t parts) {             // [BT, 1, rows * W, parts * C]
+      return m.reshape({b * t, parts * c, -1}).transpose(1, 2).unsqueeze(1);
+    };
+    Tensor q = tokens(qkv_out.slice(1, 0, c), 1);
+    Tensor kv = qkv_out.slice(1, c);
+    if (shard) kv = shard->gather_rows(kv.contiguous());
+    auto k_v = tokens(kv, 2).chunk(2, -1);
+    Tensor a = at::scaled_dot_product_attention(q, k_v[0], k_v[1]);
     a = a.squeeze(1).transpose(1, 2).reshape({b * t, c, h, w});
     Tensor out = conv_direct(a, proj.w, proj.b, {1, 1}, {0, 0});
     return out.reshape({b, t, c, h, w}).permute({0, 2, 1, 3, 4}) + x;
@@ -114,9 +121,9 @@ struct Resample {
   Tensor forward(const Tensor& x_in, StateSlots& s) const {
     Tensor x = x_in;
     switch (mode) {
-      case ResampleMode::down2d: return conv2d_per_frame(torch::constant_pad_nd(x, {0, 1, 0, 1}), spatial, 2, 0);
+      case ResampleMode::down2d: return conv2d_down2x_per_frame(x, spatial, s.shard);
       case ResampleMode::down3d: {
-        x = conv2d_per_frame(torch::constant_pad_nd(x, {0, 1, 0, 1}), spatial, 2, 0);
+        x = conv2d_down2x_per_frame(x, spatial, s.shard);
         // The first chunk (frame 0) passes through; later chunks see the previous chunk's last frame ahead of
         // their own, so 1 + 2n frames go into a stride-2 conv and n come out.
         if (!s.started[slot]) {
@@ -138,9 +145,9 @@ struct Resample {
           const int64_t b = y.size(0), c = y.size(1) / 2, t = y.size(2), h = y.size(3), w = y.size(4);
           x = y.reshape({b, 2, c, t, h, w}).permute({0, 2, 3, 1, 4, 5}).reshape({b, c, 2 * t, h, w});
         }
-        return conv2d_per_frame(upsample2x_per_frame(x), spatial, 1, 1);
+        return conv2d_per_frame(upsample2x_per_frame(x), spatial, 1, 1, s.shard);
       }
-      case ResampleMode::up2d: return conv2d_per_frame(upsample2x_per_frame(x), spatial, 1, 1);
+      case ResampleMode::up2d: return conv2d_per_frame(upsample2x_per_frame(x), spatial, 1, 1, s.shard);
     }
     return x;
   }
@@ -162,7 +169,9 @@ struct Mid {
     m.res1 = ResBlock::load(r, p + ".resnets.1", c, c, slots);
     return m;
   }
-  Tensor forward(const Tensor& x, StateSlots& s) const { return res1.forward(attn.forward(res0.forward(x, s)), s); }
+  Tensor forward(const Tensor& x, StateSlots& s) const {
+    return res1.forward(attn.forward(res0.forward(x, s), s.shard), s);
+  }
 };
 
 class WanVae : public Vae {

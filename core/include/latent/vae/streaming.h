@@ -13,6 +13,9 @@
 namespace latent {
 
 class ActivationHeap;
+namespace parallel {
+class RowShard;
+}
 
 // Latent frames with the source frames each one stands for. Latent i covers source frames
 // [first_frame[i], first_frame[i] + real_frames[i]); the padded tail of a clip covers fewer than
@@ -31,32 +34,52 @@ struct EncoderOptions {
   uint64_t seed = 0;
   // Frames per model call after the first where the family allows batching; bounds activation memory.
   int64_t max_chunk_frames = 8;
+  // Patch parallel: this stream is one rank's band of rows. push() still takes whole frames and keeps its band;
+  // what comes out is that band of the latents.
+  std::shared_ptr<const parallel::RowShard> shard;
 };
 
-class StreamingEncoder {
+// A stream of frames in, latents out: one device (StreamingEncoder) or a patch-parallel group of threads
+// (ShardedEncoder, latent/vae/sharded_streaming.h).
+class EncoderStream {
  public:
-  explicit StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options = {});
-  ~StreamingEncoder();
-
+  virtual ~EncoderStream() = default;
   // frames: uint8 [T, H, W, 3] (RGB) or floating [T, 3, H, W] in [-1, 1], any device. T may be 0.
-  EncodedLatents push(const torch::Tensor& frames);
+  virtual EncodedLatents push(const torch::Tensor& frames) = 0;
   // Encodes what is pending, padding the tail by repeating the last frame. The clip is over afterwards.
-  EncodedLatents finish();
+  virtual EncodedLatents finish() = 0;
   // Forgets the clip (caches and pending frames) without encoding anything.
-  void reset();
-
-  int64_t frames_in() const { return frames_in_; }
-  int64_t latents_out() const { return latents_out_; }
-  int64_t pending_frames() const { return pending_count_; }
+  virtual void reset() = 0;
+  virtual int64_t frames_in() const = 0;
+  virtual int64_t latents_out() const = 0;
+  virtual int64_t pending_frames() const = 0;
   // Frames that must arrive before the next latent can be emitted, at most (for latency reporting).
-  int64_t max_delay_frames() const;
+  virtual int64_t max_delay_frames() const = 0;
   // Bytes of every tensor kept between calls: the carried caches and the pending frames.
-  size_t state_bytes() const;
+  virtual size_t state_bytes() const = 0;
   // Bytes of activation memory the stream keeps resident from chunk to chunk so that no chunk allocates anew
   // (core/src/heap.h); 0 off the CPU or with LATENT_CPU_HEAP other than `stream`. Given back by finish(),
   // reset() and the destructor.
-  size_t heap_bytes() const;
-  const Vae& vae() const { return *vae_; }
+  virtual size_t heap_bytes() const = 0;
+  virtual const Vae& vae() const = 0;
+};
+
+class StreamingEncoder : public EncoderStream {
+ public:
+  explicit StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options = {});
+  ~StreamingEncoder() override;
+
+  EncodedLatents push(const torch::Tensor& frames) override;
+  EncodedLatents finish() override;
+  void reset() override;
+
+  int64_t frames_in() const override { return frames_in_; }
+  int64_t latents_out() const override { return latents_out_; }
+  int64_t pending_frames() const override { return pending_count_; }
+  int64_t max_delay_frames() const override;
+  size_t state_bytes() const override;
+  size_t heap_bytes() const override;
+  const Vae& vae() const override { return *vae_; }
 
  private:
   torch::Tensor to_model_input(const torch::Tensor& frames);
@@ -74,6 +97,7 @@ class StreamingEncoder {
   int64_t frames_coded_ = 0;  // frames (real or padding) sent through the model
   int64_t latents_out_ = 0;
   int64_t width_ = 0, height_ = 0;
+  int64_t band_first_ = 0, band_rows_ = 0;  // this rank's latent rows (patch parallel)
   torch::Generator generator_;
 };
 
@@ -81,29 +105,47 @@ struct DecoderOptions {
   // Latents per model call after the first where the family allows batching. One keeps the decoder's peak
   // (activations of 4 full-size frames per latent) lowest; more gives larger convolutions, which pays on GPUs.
   int64_t max_chunk_latents = 1;
+  // Patch parallel: push() takes whole latents, keeps this rank's band and returns that band of the frames.
+  std::shared_ptr<const parallel::RowShard> shard;
 };
 
-class StreamingDecoder {
+// Latents in, frames out: one device (StreamingDecoder) or a patch-parallel group (ShardedDecoder).
+class DecoderStream {
  public:
-  explicit StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options = {});
-  ~StreamingDecoder();
-
+  virtual ~DecoderStream() = default;
   // latents: [T', C, h, w] in diffusion space, any device and dtype. real_frames (optional, one per latent)
   // says how many frames each latent stands for; frames past that are dropped. Returns the frames that became
   // complete: [T, 3, H, W] in [-1, 1], on the model's device, in its dtype.
-  torch::Tensor push(const torch::Tensor& latents, const std::vector<int64_t>& real_frames = {});
-  torch::Tensor finish();
-  void reset();
-
-  int64_t latents_in() const { return latents_in_; }
-  int64_t frames_out() const { return frames_out_; }
-  int64_t pending_latents() const { return int64_t(pending_real_.size()); }
-  size_t state_bytes() const;
+  virtual torch::Tensor push(const torch::Tensor& latents, const std::vector<int64_t>& real_frames = {}) = 0;
+  virtual torch::Tensor finish() = 0;
+  virtual void reset() = 0;
+  virtual int64_t latents_in() const = 0;
+  virtual int64_t frames_out() const = 0;
+  virtual int64_t pending_latents() const = 0;
+  virtual size_t state_bytes() const = 0;
   // Bytes of activation memory the stream keeps resident from chunk to chunk so that no chunk allocates anew
   // (core/src/heap.h); 0 off the CPU or with LATENT_CPU_HEAP other than `stream`. Given back by finish(),
   // reset() and the destructor.
-  size_t heap_bytes() const;
-  const Vae& vae() const { return *vae_; }
+  virtual size_t heap_bytes() const = 0;
+  virtual const Vae& vae() const = 0;
+};
+
+class StreamingDecoder : public DecoderStream {
+ public:
+  explicit StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options = {});
+  ~StreamingDecoder() override;
+
+  using DecoderStream::push;
+  torch::Tensor push(const torch::Tensor& latents, const std::vector<int64_t>& real_frames = {}) override;
+  torch::Tensor finish() override;
+  void reset() override;
+
+  int64_t latents_in() const override { return latents_in_; }
+  int64_t frames_out() const override { return frames_out_; }
+  int64_t pending_latents() const override { return int64_t(pending_real_.size()); }
+  size_t state_bytes() const override;
+  size_t heap_bytes() const override;
+  const Vae& vae() const override { return *vae_; }
 
  private:
   torch::Tensor decode(int64_t n);

@@ -12,6 +12,10 @@
 
 namespace latent {
 
+namespace parallel {
+class RowShard;
+}
+
 class Vae;
 
 // The carried caches of one stream through one encoder or decoder. A state knows which model made it and for which
@@ -24,11 +28,16 @@ class VaeState {
   virtual size_t bytes() const = 0;
   Role role() const { return role_; }
   const Vae* model() const { return model_; }
+  // Patch parallel: the state then holds one band of rows (latent/parallel/row_shard.h), and the chunks given to
+  // encode_chunk/decode_chunk are that band of the frames. Null for whole frames.
+  void set_shard(std::shared_ptr<const parallel::RowShard> shard) { shard_ = std::move(shard); }
+  const parallel::RowShard* shard() const { return shard_.get(); }
 
  private:
   friend class Vae;
   Role role_ = Role::encoder;
   const Vae* model_ = nullptr;
+  std::shared_ptr<const parallel::RowShard> shard_;
 };
 
 // How a family cuts time into chunks. The first chunk holds `first` frames (latents when decoding); every

@@ -1,0 +1,176 @@
+// Forming groups: ranks as threads over an in-memory store, ranks as processes over a TCPStore.
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <set>
+#include <thread>
+
+#include "io/numbers.h"
+#include "latent/parallel/comm.h"
+#include "parallel/nccl_comm.h"
+#include "parallel/store_comm.h"
+
+namespace latent::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool use_nccl(Backend backend, const torch::Device& device) {
+  if (backend == Backend::store) return false;
+  if (backend == Backend::nccl) {
+    if (!device.is_cuda()) throw std::invalid_argument("the NCCL backend needs CUDA devices; got " + device.str());
+    return true;
+  }
+  return device.is_cuda();
+}
+
+RankComms make_comms(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, const torch::Device& device,
+                     const GroupOptions& options, bool nccl) {
+  if (nccl) {
+    return {make_nccl_communicator(store, "halo", rank, world, device, options.timeout),
+            make_nccl_communicator(store, "collectives", rank, world, device, options.timeout)};
+  }
+  return {std::make_shared<StoreCommunicator>(store, "halo", rank, world, options.timeout),
+          std::make_shared<StoreCommunicator>(store, "collectives", rank, world, options.timeout)};
+}
+
+// Every rank counts itself in, then waits for the count to reach the world size.
+void rendezvous(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  store.add("latent/joined", 1);
+  for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
+    throw_if_aborted(store, rank);
+    const int64_t joined = store.add("latent/joined", 0);
+    if (joined >= world) return;
+    if (Clock::now() >= deadline) {
+      throw ParallelError(ParallelError::Kind::timeout, "rank " + std::to_string(rank) + ": only " +
+                                                            std::to_string(joined) + " of " + std::to_string(world) +
+                                                            " ranks joined within " +
+                                                            std::to_string(double(timeout.count()) / 1000.0) + " s");
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+// Rank 0 serves the store: leaving before the others are done with it would cut them off mid-call. So every
+// rank says when it leaves, and rank 0 waits (up to the timeout) for all of them.
+struct Departure {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank, world;
+  std::chrono::milliseconds timeout;
+  ~Departure() {
+    try {
+      store->add("latent/left", 1);
+      if (rank != 0) return;
+      const auto deadline = Clock::now() + timeout;
+      while (store->add("latent/left", 0) < world && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (...) {
+      // The others are gone already.
+    }
+  }
+};
+
+// The communicators keep `departure` alive: it runs when this rank's last one goes.
+RankComms with_departure(RankComms comms, std::shared_ptr<Departure> departure) {
+  auto hold = [&](std::shared_ptr<Communicator> c) {
+    Communicator* raw = c.get();
+    return std::shared_ptr<Communicator>(raw, [c, departure](Communicator*) mutable {
+      c.reset();
+      departure.reset();
+    });
+  };
+  return {hold(comms.halo), hold(comms.collectives)};
+}
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw std::invalid_argument(std::string(name) + " is not set (launch with torchrun)");
+  const auto n = bounded_integer(v, lo, hi);
+  if (!n)
+    throw std::invalid_argument(std::string(name) + "=" + v + " is not a whole number from " + std::to_string(lo) +
+                                " to " + std::to_string(hi));
+  return int(*n);
+}
+
+}  // namespace
+
+struct ThreadGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  bool nccl = false;
+};
+
+ThreadGroup::ThreadGroup(std::vector<torch::Device> devices, GroupOptions options)
+    : devices_(std::move(devices)), options_(options), impl_(std::make_shared<Impl>()) {
+  if (devices_.empty()) throw std::invalid_argument("a group needs at least one device");
+  impl_->store = c10::make_intrusive<c10d::HashStore>();
+  impl_->store->setTimeout(options_.timeout);
+  // NCCL refuses two ranks on one GPU: such groups take the store backend unless NCCL was asked for by name.
+  std::set<std::string> distinct;
+  bool all_cuda = true;
+  for (const auto& d : devices_) {
+    distinct.insert(d.str());
+    all_cuda = all_cuda && d.is_cuda();
+  }
+  if (options_.backend == Backend::nccl) {
+    for (const auto& d : devices_) use_nccl(Backend::nccl, d);
+    if (distinct.size() != devices_.size())
+      throw std::invalid_argument("the NCCL backend needs a GPU per rank; devices repeat");
+    impl_->nccl = true;
+  } else {
+    impl_->nccl =
+        options_.backend == Backend::automatic && all_cuda && distinct.size() == devices_.size() && devices_.size() > 1;
+  }
+}
+
+ThreadGroup::~ThreadGroup() = default;
+
+RankComms ThreadGroup::join(int rank) {
+  if (rank < 0 || rank >= size()) throw std::out_of_range("rank " + std::to_string(rank) + " outside the group");
+  return make_comms(impl_->store, rank, size(), devices_[size_t(rank)], options_, impl_->nccl);
+}
+
+RankComms join_tcp(const std::string& host, int port, int rank, int world, const torch::Device& device,
+                   GroupOptions options) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " outside a world of " + std::to_string(world));
+  if (port <= 0 || port > 65535) throw std::invalid_argument("port " + std::to_string(port) + " out of range");
+  c10d::TCPStoreOptions o;
+  o.port = uint16_t(port);
+  o.isServer = rank == 0;
+  o.numWorkers = size_t(world);
+  o.waitWorkers = false;  // the rendezvous below waits, with a message of ours
+  o.timeout = options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, o);
+  } catch (const c10::Error& e) {
+    throw ParallelError(rank == 0 ? ParallelError::Kind::backend : ParallelError::Kind::timeout,
+                        "rank " + std::to_string(rank) + ": " + (rank == 0 ? "cannot serve" : "cannot reach") +
+                            " the rendezvous store at " + host + ":" + std::to_string(port) + ": " +
+                            e.what_without_backtrace());
+  }
+  rendezvous(*store, rank, world, options.timeout);
+  return with_departure(make_comms(store, rank, world, device, options, use_nccl(options.backend, device) && world > 1),
+                        std::make_shared<Departure>(Departure{store, rank, world, options.timeout}));
+}
+
+bool LaunchEnv::present() {
+  const char* w = std::getenv("WORLD_SIZE");
+  return w && *w;
+}
+
+LaunchEnv LaunchEnv::read() {
+  LaunchEnv e;
+  e.world = env_int("WORLD_SIZE", 1, 1 << 16);
+  e.rank = env_int("RANK", 0, e.world - 1);
+  const char* local = std::getenv("LOCAL_RANK");
+  e.local_rank = local && *local ? env_int("LOCAL_RANK", 0, 1 << 16) : e.rank;
+  const char* host = std::getenv("MASTER_ADDR");
+  e.host = host && *host ? host : "127.0.0.1";
+  e.port = env_int("MASTER_PORT", 1, 65535);
+  return e;
+}
+
+}  // namespace latent::parallel

@@ -1,0 +1,144 @@
+#include "parallel/store_comm.h"
+
+#include <cstring>
+#include <thread>
+
+namespace latent::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Short enough that an abort is seen at once, long enough that a waiting rank costs nothing.
+constexpr std::chrono::milliseconds kSlice{20};
+
+std::vector<uint8_t> bytes_of(const torch::Tensor& t) {
+  torch::Tensor c = t.to(torch::kCPU).contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return std::vector<uint8_t>(p, p + c.nbytes());
+}
+
+std::string seconds(std::chrono::milliseconds ms) { return std::to_string(double(ms.count()) / 1000.0) + " s"; }
+
+}  // namespace
+
+void throw_if_aborted(c10d::Store& store, int rank) {
+  bool aborted = false;
+  try {
+    aborted = store.check({kAbortKey});
+  } catch (const std::exception& e) {
+    throw ParallelError(ParallelError::Kind::backend,
+                        "rank " + std::to_string(rank) + " lost the group's store (did rank 0 exit?): " + e.what());
+  }
+  if (!aborted) return;
+  const std::vector<uint8_t> why = store.get(kAbortKey);
+  throw ParallelError(ParallelError::Kind::peer_failed, std::string(why.begin(), why.end()));
+}
+
+StoreCommunicator::StoreCommunicator(c10::intrusive_ptr<c10d::Store> store, std::string name, int rank, int size,
+                                     std::chrono::milliseconds timeout)
+    : store_(std::move(store)), name_(std::move(name)), rank_(rank), size_(size), timeout_(timeout) {}
+
+std::string StoreCommunicator::key(uint64_t seq, const std::string& what) const {
+  return "latent/" + name_ + "/" + std::to_string(seq) + "/" + what;
+}
+
+void StoreCommunicator::put(const std::string& k, const torch::Tensor& t) { store_->set(k, bytes_of(t)); }
+
+void StoreCommunicator::wait_for(const std::string& k, int from, const char* op) {
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    try {
+      store_->wait({k}, kSlice);
+      return;
+    } catch (const c10::Error&) {
+      // A slice ran out (or the store failed: throw_if_aborted tells which).
+    }
+    throw_if_aborted(*store_, rank_);
+    if (Clock::now() >= deadline) {
+      throw ParallelError(ParallelError::Kind::timeout,
+                          "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
+                              seconds(timeout_) + " for rank " + std::to_string(from) + " in " + op +
+                              " (is every rank running? the timeout is an option of the group)");
+    }
+  }
+}
+
+void StoreCommunicator::take(const std::string& k, torch::Tensor& into, int from, const char* op) {
+  wait_for(k, from, op);
+  const std::vector<uint8_t> data = store_->get(k);
+  torch::Tensor cpu = torch::empty(into.sizes(), into.options().device(torch::kCPU));
+  if (data.size() != cpu.nbytes()) {
+    throw ParallelError(ParallelError::Kind::backend, std::string(op) + ": rank " + std::to_string(from) + " sent " +
+                                                          std::to_string(data.size()) + " bytes where rank " +
+                                                          std::to_string(rank_) + " expected " +
+                                                          std::to_string(cpu.nbytes()) + " (mismatched inputs?)");
+  }
+  std::memcpy(cpu.data_ptr(), data.data(), data.size());
+  into.copy_(cpu);
+}
+
+void StoreCommunicator::drop_previous(uint64_t seq) {
+  if (seq > 0) store_->deleteKey(key(seq - 1, std::to_string(rank_)));
+}
+
+void StoreCommunicator::all_reduce_sum(torch::Tensor& t) {
+  const uint64_t seq = seq_++;
+  put(key(seq, std::to_string(rank_)), t);
+  // Summed in rank order on every rank, so every rank gets the same bits.
+  torch::Tensor sum, part = torch::empty_like(t);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      part.copy_(t);
+    } else {
+      take(key(seq, std::to_string(r)), part, r, "all_reduce");
+    }
+    sum = r == 0 ? part.clone() : sum.add_(part);
+  }
+  t.copy_(sum);
+  drop_previous(seq);
+}
+
+std::vector<torch::Tensor> StoreCommunicator::all_gather(const torch::Tensor& t) {
+  const uint64_t seq = seq_++;
+  put(key(seq, std::to_string(rank_)), t);
+  std::vector<torch::Tensor> out;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      out.push_back(t.clone());
+      continue;
+    }
+    torch::Tensor part = torch::empty_like(t);
+    take(key(seq, std::to_string(r)), part, r, "all_gather");
+    out.push_back(part);
+  }
+  drop_previous(seq);
+  return out;
+}
+
+void StoreCommunicator::exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
+                                 torch::Tensor& from_next) {
+  // Point to point: the one reader of each key deletes it.
+  const uint64_t seq = seq_++;
+  auto link = [&](int from, int to) { return key(seq, std::to_string(from) + ">" + std::to_string(to)); };
+  if (to_prev.defined()) put(link(rank_, rank_ - 1), to_prev);
+  if (to_next.defined()) put(link(rank_, rank_ + 1), to_next);
+  if (from_prev.defined()) {
+    take(link(rank_ - 1, rank_), from_prev, rank_ - 1, "halo exchange");
+    store_->deleteKey(link(rank_ - 1, rank_));
+  }
+  if (from_next.defined()) {
+    take(link(rank_ + 1, rank_), from_next, rank_ + 1, "halo exchange");
+    store_->deleteKey(link(rank_ + 1, rank_));
+  }
+}
+
+void StoreCommunicator::abort(const std::string& why) noexcept {
+  try {
+    const std::string msg = why;
+    store_->compareSet(kAbortKey, std::vector<uint8_t>{}, std::vector<uint8_t>(msg.begin(), msg.end()));
+  } catch (...) {
+    // Nothing more to tell anyone: the store is gone, and the others fail on it themselves.
+  }
+}
+
+}  // namespace latent::parallel

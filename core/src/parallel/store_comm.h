@@ -1,0 +1,47 @@
+// The CPU backend: tensors travel as bytes through a c10d store. Every wait is cut into short slices so that an
+// aborted group or an expired timeout is noticed, never a hang.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "latent/parallel/comm.h"
+
+namespace latent::parallel {
+
+class StoreCommunicator : public Communicator {
+ public:
+  // `name` keeps this communicator's keys apart from the others' on the same store.
+  StoreCommunicator(c10::intrusive_ptr<c10d::Store> store, std::string name, int rank, int size,
+                    std::chrono::milliseconds timeout);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend_name() const override { return "store"; }
+  void all_reduce_sum(torch::Tensor& t) override;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override;
+  void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
+                torch::Tensor& from_next) override;
+  void abort(const std::string& why) noexcept override;
+
+ private:
+  std::string key(uint64_t seq, const std::string& what) const;
+  void put(const std::string& key, const torch::Tensor& t);
+  // Waits for `key`, then copies its bytes into `into` (whose shape and dtype say what to expect).
+  void take(const std::string& key, torch::Tensor& into, int from, const char* op);
+  void wait_for(const std::string& key, int from, const char* op);
+  // After a collective every rank has read the previous one's keys: this rank's can go.
+  void drop_previous(uint64_t seq);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string name_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  uint64_t seq_ = 0;
+};
+
+// The key under which a failing rank leaves its cause for the others.
+inline const char* kAbortKey = "latent/abort";
+
+// Throws ParallelError(peer_failed) when some rank has aborted the group on `store`.
+void throw_if_aborted(c10d::Store& store, int rank);
+
+}  // namespace latent::parallel
