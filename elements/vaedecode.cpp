@@ -42,8 +42,9 @@ struct Impl {
   latent::gst::ModelSettings settings;  // object lock
   guint chunk_latents = 1;
 
-  std::shared_ptr<const latent::Vae> model;
-  std::unique_ptr<latent::StreamingDecoder> decoder;
+  std::shared_ptr<const latent::Vae> model;                // the first rank's
+  std::vector<std::shared_ptr<const latent::Vae>> models;  // one per rank
+  std::unique_ptr<latent::DecoderStream> decoder;          // one device's, or a patch-parallel group's
   std::optional<LatentCapsInfo> in;
   GstVideoInfo out{};
   std::deque<Pending> pending;
@@ -225,6 +226,9 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
         ("set vaedecode's model to the model that encoded the stream"));
     return false;
   }
+  if (!latent::gst::check_rows_for_ranks(GST_ELEMENT(self), *s.model, int64_t(info->height) * spec.spatial_factor,
+                                         s.models.size()))
+    return false;
   if (s.in && drain(self) != GST_FLOW_OK) return false;
   reset_clip(s);
   s.in = info;
@@ -289,14 +293,17 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   Impl& s = *self->impl;
   switch (transition) {
     case GST_STATE_CHANGE_NULL_TO_READY:
-      s.model = latent::gst::acquire_model_locked(element, s.settings);
-      if (!s.model) return GST_STATE_CHANGE_FAILURE;
+      s.models = latent::gst::acquire_models_locked(element, s.settings);
+      if (s.models.empty()) return GST_STATE_CHANGE_FAILURE;
+      s.model = s.models[0];
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::DecoderOptions opt{int64_t(s.chunk_latents)};
+      const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
-      s.decoder = std::make_unique<latent::StreamingDecoder>(s.model, opt);
+      s.decoder = latent::gst::make_decoder(element, s.models, opt, settings);
+      if (!s.decoder) return GST_STATE_CHANGE_FAILURE;
       s.in.reset();
       s.frames = s.latents = 0;
       s.stats.reset();
@@ -313,7 +320,10 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.pending.clear();
       s.in.reset();
       break;
-    case GST_STATE_CHANGE_READY_TO_NULL: s.model.reset(); break;
+    case GST_STATE_CHANGE_READY_TO_NULL:
+      s.model.reset();
+      s.models.clear();
+      break;
     default: break;
   }
   return ret;
@@ -365,6 +375,10 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   element->change_state = change_state;
 
   latent::gst::install_model_properties(gobject, "that encoded the latents, to decode");
+  latent::gst::install_parallel_properties(
+      gobject,
+      "gst-launch-1.0 latentfilesrc location=clip.safetensors ! vaedecode devices=cuda:0,cuda:1 ! videoconvert ! "
+      "x264enc ! mp4mux ! filesink location=out.mp4");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(

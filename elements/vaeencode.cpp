@@ -45,9 +45,10 @@ struct Impl {
   guint chunk_frames = 8;
 
   // READY and up.
-  std::shared_ptr<const latent::Vae> model;
+  std::shared_ptr<const latent::Vae> model;                // the first rank's
+  std::vector<std::shared_ptr<const latent::Vae>> models;  // one per rank
   // Streaming thread (and state changes, which never overlap it).
-  std::unique_ptr<latent::StreamingEncoder> encoder;
+  std::unique_ptr<latent::EncoderStream> encoder;  // one device's, or a patch-parallel group's
   GstVideoInfo video{};
   bool have_video = false;
   std::deque<FrameTime> times;  // frames not yet covered by a pushed latent, from clip frame `times_first`
@@ -226,6 +227,8 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
         ("put videoscale ahead of vaeencode to resize, e.g. ! videoscale ! video/x-raw,width=W,height=H"));
     return false;
   }
+  if (!latent::gst::check_rows_for_ranks(GST_ELEMENT(self), *s.model, GST_VIDEO_INFO_HEIGHT(&info), s.models.size()))
+    return false;
   // New caps mid-stream: what was encoded under the old caps is finished first.
   if (s.have_video && drain(self) != GST_FLOW_OK) return false;
   reset_clip(s);
@@ -300,14 +303,17 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   Impl& s = *self->impl;
   switch (transition) {
     case GST_STATE_CHANGE_NULL_TO_READY:
-      s.model = latent::gst::acquire_model_locked(element, s.settings);
-      if (!s.model) return GST_STATE_CHANGE_FAILURE;
+      s.models = latent::gst::acquire_models_locked(element, s.settings);
+      if (s.models.empty()) return GST_STATE_CHANGE_FAILURE;
+      s.model = s.models[0];
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
+      const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
-      s.encoder = std::make_unique<latent::StreamingEncoder>(s.model, opt);
+      s.encoder = latent::gst::make_encoder(element, s.models, opt, settings);
+      if (!s.encoder) return GST_STATE_CHANGE_FAILURE;
       s.have_video = false;
       s.next_source = s.clip_base = 0;
       s.frames = s.latents = 0;
@@ -325,7 +331,10 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.times.clear();
       s.have_video = false;
       break;
-    case GST_STATE_CHANGE_READY_TO_NULL: s.model.reset(); break;
+    case GST_STATE_CHANGE_READY_TO_NULL:
+      s.model.reset();
+      s.models.clear();
+      break;
     default: break;
   }
   return ret;
@@ -378,6 +387,10 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   element->change_state = change_state;
 
   latent::gst::install_model_properties(gobject, "to encode");
+  latent::gst::install_parallel_properties(
+      gobject,
+      "gst-launch-1.0 filesrc location=in.mp4 ! decodebin ! videoconvert ! vaeencode devices=cuda:0,cuda:1 ! "
+      "latentfilesink location=clip.safetensors");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(

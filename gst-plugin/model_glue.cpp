@@ -6,6 +6,7 @@
 #include "latent/runtime/default_model.h"
 #include "latent/runtime/devices.h"
 #include "latent/runtime/shared_models.h"
+#include "latent/vae/sharded_streaming.h"
 
 GST_DEBUG_CATEGORY_STATIC(latent_model_debug);
 #define GST_CAT_DEFAULT latent_model_debug
@@ -52,7 +53,38 @@ void install_model_properties(GObjectClass* klass, const std::string& model_blur
                           "auto", flags));
 }
 
+void install_parallel_properties(GObjectClass* klass, const char* example) {
+  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const std::string blurb =
+      "Runs one stream across several devices (patch parallel): a comma-separated list, one rank per entry, each "
+      "computing a band of every frame's rows and exchanging the rows at its borders with its neighbours; the "
+      "result equals one device's. CUDA devices talk over NCCL; cpu entries (or repeats of one GPU) over an "
+      "in-process backend. Unset or one entry: the 'device' property. Example: " +
+      std::string(example);
+  g_object_class_install_property(
+      klass, PROP_DEVICES, g_param_spec_string("devices", "Devices", g_intern_string(blurb.c_str()), nullptr, flags));
+  g_object_class_install_property(
+      klass, PROP_RANK_TIMEOUT,
+      g_param_spec_uint("rank-timeout", "Rank timeout",
+                        "Seconds a rank waits for another (with devices) before the element fails with an error "
+                        "instead of hanging",
+                        1, 24 * 3600, 60, flags));
+}
+
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value) {
+  if (id == PROP_RANK_TIMEOUT) {
+    GST_OBJECT_LOCK(object);
+    settings.rank_timeout_s = g_value_get_uint(value);
+    GST_OBJECT_UNLOCK(object);
+    return true;
+  }
+  if (id == PROP_DEVICES) {
+    const char* s = g_value_get_string(value);
+    GST_OBJECT_LOCK(object);
+    settings.devices = s ? s : "";
+    GST_OBJECT_UNLOCK(object);
+    return true;
+  }
   std::string* field = id == PROP_MODEL    ? &settings.model
                        : id == PROP_DEVICE ? &settings.device
                        : id == PROP_DTYPE  ? &settings.dtype
@@ -66,6 +98,18 @@ bool set_model_property(GObject* object, ModelSettings& settings, guint id, cons
 }
 
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value) {
+  if (id == PROP_RANK_TIMEOUT) {
+    GST_OBJECT_LOCK(object);
+    g_value_set_uint(value, settings.rank_timeout_s);
+    GST_OBJECT_UNLOCK(object);
+    return true;
+  }
+  if (id == PROP_DEVICES) {
+    GST_OBJECT_LOCK(object);
+    g_value_set_string(value, settings.devices.empty() ? nullptr : settings.devices.c_str());
+    GST_OBJECT_UNLOCK(object);
+    return true;
+  }
   const std::string* field = id == PROP_MODEL    ? &settings.model
                              : id == PROP_DEVICE ? &settings.device
                              : id == PROP_DTYPE  ? &settings.dtype
@@ -141,6 +185,107 @@ std::shared_ptr<const Vae> acquire_model_locked(GstElement* element, const Model
   ModelSettings copy = settings;
   GST_OBJECT_UNLOCK(element);
   return acquire_model(element, copy);
+}
+
+namespace {
+
+std::vector<std::string> device_list(const std::string& devices) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = devices.find(',', start);
+    std::string item = devices.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    out.push_back(item);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+parallel::GroupOptions group_options(const ModelSettings& settings) {
+  parallel::GroupOptions o;
+  o.timeout = std::chrono::seconds(settings.rank_timeout_s);
+  return o;
+}
+
+template <typename Stream, typename Make>
+std::unique_ptr<Stream> make_stream(GstElement* element, const char* what, Make make) {
+  init_debug();
+  try {
+    return make();
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, SETTINGS,
+                      ("Cannot start the %s on its devices: %s", what, first_line(e.what()).c_str()), ("%s", e.what()));
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* element, const ModelSettings& settings) {
+  init_debug();
+  GST_OBJECT_LOCK(element);
+  ModelSettings s = settings;
+  GST_OBJECT_UNLOCK(element);
+  if (s.devices.empty()) {
+    auto m = acquire_model(element, s);
+    return m ? std::vector<std::shared_ptr<const Vae>>{m} : std::vector<std::shared_ptr<const Vae>>{};
+  }
+  const std::vector<std::string> list = device_list(s.devices);
+  for (const auto& d : list) {
+    if (d.empty()) {
+      GST_ELEMENT_ERROR(element, RESOURCE, SETTINGS, ("The devices list '%s' has an empty entry.", s.devices.c_str()),
+                        ("write devices as cuda:0,cuda:1 or cpu,cpu"));
+      return {};
+    }
+  }
+  if (s.dtype == "auto") {
+    // Every rank computes in one dtype: the one the first device would pick.
+    try {
+      const auto t = resolve_dtype("auto", resolve_device(list[0]));
+      s.dtype = t == torch::kBFloat16 ? "bfloat16" : t == torch::kHalf ? "float16" : "float32";
+    } catch (const std::exception&) {
+      // acquire_model() below names the missing device.
+    }
+  }
+  std::vector<std::shared_ptr<const Vae>> models;
+  for (const auto& d : list) {
+    ModelSettings one = s;
+    one.device = d;
+    auto m = acquire_model(element, one);
+    if (!m) return {};
+    models.push_back(m);
+  }
+  return models;
+}
+
+std::unique_ptr<EncoderStream> make_encoder(GstElement* element, const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const EncoderOptions& options, const ModelSettings& settings) {
+  return make_stream<EncoderStream>(element, "encoder", [&]() -> std::unique_ptr<EncoderStream> {
+    if (models.size() == 1) return std::make_unique<StreamingEncoder>(models[0], options);
+    return std::make_unique<ShardedEncoder>(models, options, group_options(settings));
+  });
+}
+
+std::unique_ptr<DecoderStream> make_decoder(GstElement* element, const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const DecoderOptions& options, const ModelSettings& settings) {
+  return make_stream<DecoderStream>(element, "decoder", [&]() -> std::unique_ptr<DecoderStream> {
+    if (models.size() == 1) return std::make_unique<StreamingDecoder>(models[0], options);
+    return std::make_unique<ShardedDecoder>(models, options, group_options(settings));
+  });
+}
+
+bool check_rows_for_ranks(GstElement* element, const Vae& model, int64_t height, size_t ranks) {
+  const int64_t rows = height / model.spec().spatial_factor;
+  if (ranks <= 1 || rows >= int64_t(ranks)) return true;
+  init_debug();
+  GST_ELEMENT_ERROR(
+      element, CORE, NEGOTIATION,
+      ("%zu devices need frames of at least %zu latent rows (%lld pixels); these have %lld.", ranks, ranks,
+       static_cast<long long>(int64_t(ranks) * model.spec().spatial_factor), static_cast<long long>(rows)),
+      ("use fewer devices or taller frames"));
+  return false;
 }
 
 void LatencyAnnouncer::update(GstElement* element, GstClockTime now) {

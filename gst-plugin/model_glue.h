@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "latent/parallel/comm.h"
+#include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"
 #include "latent_caps.h"
 
@@ -21,15 +23,22 @@ struct ModelSettings {
   std::string model;
   std::string device = "auto";
   std::string dtype = "auto";
+  // Patch parallel (vaeencode, vaedecode): a comma-separated device list, one rank per entry; empty: `device`.
+  std::string devices;
+  guint rank_timeout_s = 60;
 };
 
 enum ModelProperty { PROP_MODEL = 1, PROP_DEVICE, PROP_DTYPE, PROP_FIRST_FREE };
+// Ids of the patch-parallel properties, apart from each element's own.
+enum ParallelProperty { PROP_DEVICES = 1000, PROP_RANK_TIMEOUT };
 
 // Installs "model", "device" and "dtype" as properties 1-3 (changes take effect at the next NULL->READY); the
 // first form describes a VAE used in `direction`, the second any model with the blurb given.
 void install_model_properties(GObjectClass* klass, const char* direction);
 void install_model_properties(GObjectClass* klass, const std::string& model_blurb);
-// Handles the three properties; false for any other id.
+// Installs "devices" and "rank-timeout" (PROP_DEVICES, PROP_RANK_TIMEOUT); `example` is a launch line.
+void install_parallel_properties(GObjectClass* klass, const char* example);
+// Handles the model and parallel properties; false for any other id.
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value);
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value);
 
@@ -57,6 +66,19 @@ LatentFormat latent_format_for(c10::ScalarType dtype);
 
 // Loads the model for the settings as they stand (read under the object lock) at NULL->READY.
 std::shared_ptr<const Vae> acquire_model_locked(GstElement* element, const ModelSettings& settings);
+// One model per rank: `devices` entries in order (ranks on one device share it), or just the `device` one. Every
+// rank computes in the first device's dtype when dtype is auto. Empty after posting an ERROR message.
+std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* element, const ModelSettings& settings);
+
+// The stream for `models`: one device's, or a patch-parallel group's over all of them. Null after posting an
+// ERROR message (a group that cannot form).
+std::unique_ptr<EncoderStream> make_encoder(GstElement* element, const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const EncoderOptions& options, const ModelSettings& settings);
+std::unique_ptr<DecoderStream> make_decoder(GstElement* element, const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const DecoderOptions& options, const ModelSettings& settings);
+
+// False, after posting a NEGOTIATION error, when frames of `height` pixels have fewer latent rows than ranks.
+bool check_rows_for_ranks(GstElement* element, const Vae& model, int64_t height, size_t ranks);
 
 // Compute time of model calls; the stats properties read it from any thread.
 struct ChunkStats {
