@@ -14,6 +14,12 @@
 // does. Then VmRSS is read (the baseline) and the peak (VmHWM) is reset through /proc/self/clear_refs, so the
 // reported peak is what the measured runs add, their input included. On CUDA the caching allocator's peak is
 // reset the same way.
+//
+// Patch parallel. --devices cpu,cpu (or cuda:0,cuda:1) runs the stream over ranks as threads of this process.
+// Under torchrun (WORLD_SIZE > 1) every process is one rank of the group, on cuda:LOCAL_RANK when --device is
+// cuda, and rank 0 prints the report; the output cross-check is summed over the ranks, so it matches one device's:
+//
+//   torchrun --nproc-per-node 2 --no-python build/tools/latent-bench --model M --device cuda --direction decode
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
@@ -33,8 +39,10 @@
 
 #include "bench_support.h"
 #include "io/json.h"
+#include "latent/parallel/row_shard.h"
 #include "latent/runtime/build_info.h"
 #include "latent/runtime/devices.h"
+#include "latent/vae/sharded_streaming.h"
 #include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"
 
@@ -51,6 +59,7 @@ struct Args {
   int64_t width = 64;
   std::string direction = "encode";
   std::string device = "cpu";
+  std::string devices;  // ranks as threads, e.g. cpu,cpu
   std::string dtype = "auto";
   int threads = 0;  // 0: LibTorch's default
   int repeat = 1;
@@ -65,9 +74,11 @@ struct Args {
 [[noreturn]] void usage(int status) {
   std::fprintf(status ? stderr : stdout,
                "usage: latent-bench --model DIR|FILE [--frames N] [--height H] [--width W]\n"
-               "                    [--direction encode|decode] [--device cpu|cuda|cuda:N] [--dtype auto|float32|...]\n"
+               "                    [--direction encode|decode] [--device cpu|cuda|cuda:N] [--devices D0,D1,...]\n"
+               "                    [--dtype auto|float32|...]\n"
                "                    [--threads T] [--repeat R] [--warmup W] [--push P] [--chunk C] [--seed S]\n"
                "                    [--no-prefault] [--profile TRACE.json] [--json]\n"
+               "  --devices    one stream over ranks as threads, one per entry (patch parallel)\n"
                "  --frames     clip length in frames (decode: the frames the latents stand for, 1 + 4k)\n"
                "  --push       frames (encode) or latents (decode) handed to each push(), as a live source would\n"
                "  --chunk      most frames (encode) / latents (decode) per model call where the family batches\n"
@@ -96,6 +107,8 @@ Args parse_args(int argc, char** argv) {
       a.direction = r.value();
     else if (k == "--device")
       a.device = r.value();
+    else if (k == "--devices")
+      a.devices = r.value();
     else if (k == "--dtype")
       a.dtype = r.value();
     else if (k == "--threads")
@@ -158,7 +171,9 @@ double process_cpu_seconds() {
 
 class Bench {
  public:
-  Bench(const Args& args, std::shared_ptr<const latent::Vae> vae) : a_(args), vae_(std::move(vae)) {}
+  Bench(const Args& args, std::shared_ptr<const latent::Vae> vae, std::vector<std::shared_ptr<const latent::Vae>> ranks,
+        std::shared_ptr<const latent::parallel::RowShard> shard)
+      : a_(args), vae_(std::move(vae)), ranks_(std::move(ranks)), shard_(std::move(shard)) {}
 
   int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
 
@@ -183,7 +198,13 @@ class Bench {
     const latent::VaeSpec& spec = vae_->spec();
     latent::EncoderOptions opt;
     if (a_.chunk > 0) opt.max_chunk_frames = a_.chunk;
-    latent::StreamingEncoder enc(vae_, opt);
+    opt.shard = shard_;
+    std::unique_ptr<latent::EncoderStream> stream;
+    if (ranks_.size() > 1)
+      stream = std::make_unique<latent::ShardedEncoder>(ranks_, opt);
+    else
+      stream = std::make_unique<latent::StreamingEncoder>(vae_, opt);
+    latent::EncoderStream& enc = *stream;
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);
     const auto fopts = torch::TensorOptions().dtype(torch::kFloat);
     const torch::Tensor shift = spec.latent_shift.to(vae_->device(), torch::kDouble).reshape({1, -1, 1, 1});
@@ -227,7 +248,13 @@ class Bench {
     const latent::VaeSpec& spec = vae_->spec();
     latent::DecoderOptions opt;
     if (a_.chunk > 0) opt.max_chunk_latents = a_.chunk;
-    latent::StreamingDecoder dec(vae_, opt);
+    opt.shard = shard_;
+    std::unique_ptr<latent::DecoderStream> stream;
+    if (ranks_.size() > 1)
+      stream = std::make_unique<latent::ShardedDecoder>(ranks_, opt);
+    else
+      stream = std::make_unique<latent::StreamingDecoder>(vae_, opt);
+    latent::DecoderStream& dec = *stream;
     const int64_t s = spec.spatial_factor;
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);
     // Raw VAE-space latents, then diffusion space: the engine maps them back before decoding.
@@ -272,6 +299,8 @@ class Bench {
 
   const Args& a_;
   std::shared_ptr<const latent::Vae> vae_;
+  std::vector<std::shared_ptr<const latent::Vae>> ranks_;
+  std::shared_ptr<const latent::parallel::RowShard> shard_;
 };
 
 double median(std::vector<double> v) {
@@ -304,7 +333,18 @@ const char* dtype_name(torch::ScalarType t) {
 
 int run(const Args& a) {
   if (a.threads > 0) torch::set_num_threads(a.threads);
-  const torch::Device device = latent::resolve_device(a.device);
+  // Ranks as processes (torchrun): this process is one of them, on its local GPU.
+  std::shared_ptr<const latent::parallel::RowShard> shard;
+  std::string device_name = a.device;
+  if (latent::parallel::LaunchEnv::present()) {
+    const auto env = latent::parallel::LaunchEnv::read();
+    if (env.world > 1) {
+      if (device_name.rfind("cuda", 0) == 0) device_name = "cuda:" + std::to_string(env.local_rank);
+      shard = std::make_shared<latent::parallel::RowShard>(
+          latent::parallel::join_tcp(env.host, env.port, env.rank, env.world, latent::resolve_device(device_name)));
+    }
+  }
+  const torch::Device device = latent::resolve_device(device_name);
   const torch::ScalarType dtype = latent::resolve_dtype(a.dtype, device);
   c10::InferenceMode inference;
 
@@ -314,6 +354,15 @@ int run(const Args& a) {
   synchronize(device);
   const double load_seconds = seconds_since(t_load);
   vae->check_frame_size(a.width, a.height);
+  // Ranks as threads: one model per listed device (shared where a device repeats).
+  std::vector<std::shared_ptr<const latent::Vae>> ranks;
+  if (!a.devices.empty()) {
+    std::stringstream list(a.devices);
+    for (std::string d; std::getline(list, d, ',');) {
+      const torch::Device dev = latent::resolve_device(d);
+      ranks.push_back(dev == device ? vae : latent::load_vae(a.model, {dev, dtype}));
+    }
+  }
   const latent::VaeSpec& spec = vae->spec();
   if (a.direction == "decode" && (a.frames - 1) % spec.temporal_factor != 0) {
     throw std::invalid_argument("--direction decode wants --frames 1 + " + std::to_string(spec.temporal_factor) +
@@ -322,7 +371,7 @@ int run(const Args& a) {
   // No prefaulting here: loading already made the weights the model keeps resident and released the rest
   // (latent::settle_residency), so the baseline below is the memory a real process holds after loading.
 
-  Bench bench(a, vae);
+  Bench bench(a, vae, ranks, shard);
   for (int i = 0; i < a.warmup; ++i) bench.run();
 
   const int64_t rss_baseline = proc_status_bytes("VmRSS");
@@ -351,6 +400,12 @@ int run(const Args& a) {
     state_end_max = std::max(state_end_max, last.state_bytes_end);
     heap_end_max = std::max(heap_end_max, last.heap_bytes_end);
   }
+  if (shard) {  // the cross-check over the whole frame
+    torch::Tensor sums = torch::tensor({last.abs_sum, double(last.elements)}, torch::kDouble).to(device);
+    shard->all_reduce(sums);
+    last.abs_sum = sums[0].item<double>();
+    last.elements = int64_t(sums[1].item<double>());
+  }
   const int64_t rss_peak = proc_status_bytes("VmHWM");
   const int64_t rss_end = proc_status_bytes("VmRSS");
   const int64_t expected_out = a.direction == "encode" ? bench.latent_count() : a.frames;
@@ -361,6 +416,8 @@ int run(const Args& a) {
       {"family", spec.family},
       {"direction", a.direction},
       {"device", device.str()},
+      {"ranks", Value::integer(shard ? shard->world() : std::max<int64_t>(1, int64_t(ranks.size())))},
+      {"devices", a.devices},
       {"dtype", dtype_name(dtype)},
       {"frames", Value::integer(a.frames)},
       {"height", Value::integer(a.height)},
@@ -402,6 +459,7 @@ int run(const Args& a) {
   if (auto g = gpu_memory(device, gpu_baseline)) o.emplace_back("gpu_memory", std::move(*g));
   if (!a.profile.empty()) o.emplace_back("profile", a.profile);
 
+  if (shard && shard->rank() != 0) return last.outputs == expected_out ? 0 : 1;  // rank 0 reports
   if (a.json) {
     std::printf("%s\n", latent::json::dump(Value(std::move(o))).c_str());
   } else {
