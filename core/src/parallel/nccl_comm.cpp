@@ -30,14 +30,14 @@ class NcclCommunicator : public Communicator {
   const char* backend_name() const override { return "nccl"; }
 
   void all_reduce_sum(torch::Tensor& t) override {
-    throw_if_aborted(*store_, rank_);
+    check_peers();
     std::vector<torch::Tensor> v{on_device(t)};
     pg_->allreduce(v)->wait();
     if (v[0].data_ptr() != t.data_ptr()) t.copy_(v[0]);
   }
 
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
-    throw_if_aborted(*store_, rank_);
+    check_peers();
     std::vector<torch::Tensor> in{on_device(t)};
     std::vector<std::vector<torch::Tensor>> out(1);
     for (int r = 0; r < size_; ++r) out[0].push_back(torch::empty_like(in[0]));
@@ -47,7 +47,7 @@ class NcclCommunicator : public Communicator {
 
   void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
                 torch::Tensor& from_next) override {
-    throw_if_aborted(*store_, rank_);
+    check_peers();
     // One NCCL group: the sends and receives of every rank proceed together, whatever order they were posted in.
     std::vector<torch::Tensor> sp, sn, rp, rn;
     pg_->startCoalescing();
@@ -70,6 +70,14 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // A look at the store is a round trip to rank 0's TCPStore: at most every 50 ms, not on each of the hundreds of
+  // exchanges a chunk makes. A peer that fails between looks is caught by NCCL's own timeout.
+  void check_peers() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check_ < std::chrono::milliseconds(50)) return;
+    last_check_ = now;
+    throw_if_aborted(*store_, rank_);
+  }
   torch::Tensor on_device(const torch::Tensor& t) const { return t.to(device_).contiguous(); }
   torch::Tensor recv_buffer(const torch::Tensor& t) const {
     return t.device() == device_ && t.is_contiguous() ? t : torch::empty(t.sizes(), t.options().device(device_));
@@ -79,6 +87,7 @@ class NcclCommunicator : public Communicator {
   int rank_, size_;
   torch::Device device_;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+  std::chrono::steady_clock::time_point last_check_{};
 };
 
 }  // namespace
