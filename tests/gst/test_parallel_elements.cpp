@@ -163,6 +163,26 @@ GST_START_TEST(test_data_parallel_and_stages) {
 }
 GST_END_TEST;
 
+static int threads_now() { return int(std::distance(fs::directory_iterator("/proc/self/task"), {})); }
+
+// Each READY->PAUSED forms a group (rank threads, a store) and PAUSED->READY ends it: nothing may pile up.
+GST_START_TEST(test_state_cycles_end_their_groups) {
+  GstElement* p = gst_parse_launch(
+      (src(2) + "vaeencode devices=cpu,cpu,cpu ! vaedecode devices=cpu,cpu ! fakesink").c_str(), nullptr);
+  fail_unless(p != nullptr);
+  int before = 0;
+  for (int i = 0; i < 30; ++i) {
+    fail_unless(gst_element_set_state(p, GST_STATE_PAUSED) != GST_STATE_CHANGE_FAILURE);
+    gst_element_get_state(p, nullptr, nullptr, GST_CLOCK_TIME_NONE);
+    fail_unless(gst_element_set_state(p, GST_STATE_NULL) == GST_STATE_CHANGE_SUCCESS);
+    if (i == 2) before = threads_now();
+  }
+  const int after = threads_now();
+  fail_unless(after <= before + 2, "threads grew from %d to %d over 27 cycles", before, after);
+  gst_object_unref(p);
+}
+GST_END_TEST;
+
 static Suite* parallel_suite() {
   Suite* s = suite_create("parallel-elements");
   TCase* tc = tcase_create("devices");
@@ -171,6 +191,7 @@ static Suite* parallel_suite() {
   tcase_add_test(tc, test_bad_devices_lists_are_errors);
   tcase_add_test(tc, test_devices_properties);
   tcase_add_test(tc, test_data_parallel_and_stages);
+  tcase_add_test(tc, test_state_cycles_end_their_groups);
   if (fixtures().empty() || !fs::exists(fixtures() + "/stamp")) {
     g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
     return s;

@@ -2,6 +2,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <thread>
@@ -56,6 +57,11 @@ void rendezvous(c10d::Store& store, int rank, int world, std::chrono::millisecon
 // Rank 0 serves the store: leaving before the others are done with it would cut them off mid-call. So every
 // rank says when it leaves, and rank 0 waits (up to the timeout) for all of them.
 struct Departure {
+  Departure(c10::intrusive_ptr<c10d::Store> s, int r, int w, std::chrono::milliseconds t)
+      : store(std::move(s)), rank(r), world(w), timeout(t) {}
+  // One per rank: a copy would leave twice.
+  Departure(const Departure&) = delete;
+  Departure& operator=(const Departure&) = delete;
   c10::intrusive_ptr<c10d::Store> store;
   int rank, world;
   std::chrono::milliseconds timeout;
@@ -66,8 +72,8 @@ struct Departure {
       const auto deadline = Clock::now() + timeout;
       while (store->add("latent/left", 0) < world && Clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    } catch (...) {
-      // The others are gone already.
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "latent: rank %d leaving the group: %s\n", rank, e.what());
     }
   }
 };
@@ -153,7 +159,7 @@ RankComms join_tcp(const std::string& host, int port, int rank, int world, const
   }
   rendezvous(*store, rank, world, options.timeout);
   return with_departure(make_comms(store, rank, world, device, options, use_nccl(options.backend, device) && world > 1),
-                        std::make_shared<Departure>(Departure{store, rank, world, options.timeout}));
+                        std::make_shared<Departure>(store, rank, world, options.timeout));
 }
 
 bool LaunchEnv::present() {

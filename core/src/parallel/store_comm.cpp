@@ -8,8 +8,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Short enough that an abort is seen at once, long enough that a waiting rank costs nothing.
+// How often a waiting rank looks for an abort, and its longest pause between looks for its key: short enough
+// that an abort is seen at once, long enough that a waiting rank costs nothing.
 constexpr std::chrono::milliseconds kSlice{20};
+constexpr std::chrono::microseconds kMaxPause{1000};
 
 std::vector<uint8_t> bytes_of(const torch::Tensor& t) {
   torch::Tensor c = t.to(torch::kCPU).contiguous();
@@ -45,21 +47,24 @@ std::string StoreCommunicator::key(uint64_t seq, const std::string& what) const 
 void StoreCommunicator::put(const std::string& k, const torch::Tensor& t) { store_->set(k, bytes_of(t)); }
 
 void StoreCommunicator::wait_for(const std::string& k, int from, const char* op) {
-  const auto deadline = Clock::now() + timeout_;
-  for (;;) {
-    try {
-      store_->wait({k}, kSlice);
-      return;
-    } catch (const c10::Error&) {
-      // A slice ran out (or the store failed: throw_if_aborted tells which).
+  // Polled with check(), never TCPStore::wait() with a short timeout: a wait that times out on the client leaves
+  // the server's late answer in the socket, and the next request reads it instead of its own.
+  const auto start = Clock::now(), deadline = start + timeout_;
+  auto next_look = start + kSlice;
+  for (auto pause = std::chrono::microseconds(10);; pause = std::min(pause * 2, kMaxPause)) {
+    if (store_->check({k})) return;
+    const auto now = Clock::now();
+    if (now >= next_look) {
+      throw_if_aborted(*store_, rank_);
+      next_look = now + kSlice;
     }
-    throw_if_aborted(*store_, rank_);
-    if (Clock::now() >= deadline) {
+    if (now >= deadline) {
       throw ParallelError(ParallelError::Kind::timeout,
                           "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
                               seconds(timeout_) + " for rank " + std::to_string(from) + " in " + op +
                               " (is every rank running? the timeout is an option of the group)");
     }
+    std::this_thread::sleep_for(pause);
   }
 }
 
