@@ -13,6 +13,7 @@
 #include <gst/check/gstcheck.h>
 
 #include "pipeline_run.h"
+#include "test_models.h"
 
 namespace {
 
@@ -20,12 +21,9 @@ namespace fs = std::filesystem;
 using latent_test::Out;
 using latent_test::run;
 
-std::string fixtures() {
-  const char* d = g_getenv("LATENT_VAE_FIXTURES");
-  return d ? d : "";
-}
-std::string wan() { return LATENT_TEST_SOURCE_ROOT "/models/latent-tiny-wan.safetensors"; }
-std::string cog() { return fixtures() + "/cogvideox"; }
+using latent_test::cog;
+using latent_test::fixtures;
+using latent_test::wan;
 
 // 64x48: 6 latent rows, which 4 ranks split 2, 2, 1, 1.
 std::string src(int frames, int h = 48) {
@@ -192,7 +190,7 @@ static Suite* parallel_suite() {
   tcase_add_test(tc, test_devices_properties);
   tcase_add_test(tc, test_data_parallel_and_stages);
   tcase_add_test(tc, test_state_cycles_end_their_groups);
-  if (fixtures().empty() || !fs::exists(fixtures() + "/stamp")) {
+  if (!latent_test::have_fixtures()) {
     g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
     return s;
   }

@@ -18,6 +18,7 @@
 #include <gst/video/video.h>
 
 #include "pipeline_run.h"
+#include "test_models.h"
 
 namespace {
 
@@ -25,14 +26,9 @@ namespace fs = std::filesystem;
 using latent_test::Out;
 using latent_test::run;
 
-std::string fixtures() {
-  const char* d = g_getenv("LATENT_VAE_FIXTURES");
-  return d ? d : "";
-}
-// The shipped default model (Wan 2.1 architecture, 16 latent channels) is the Wan-family model of these tests;
-// the unset model property means the same file, which test_encode_negotiates_latent_caps relies on.
-std::string wan() { return LATENT_TEST_SOURCE_ROOT "/models/latent-tiny-wan.safetensors"; }
-std::string cog() { return fixtures() + "/cogvideox"; }
+using latent_test::cog;
+using latent_test::fixtures;
+using latent_test::wan;
 
 std::string src(int frames, int w = 64, int h = 48, const char* format = "RGB") {
   return "videotestsrc num-buffers=" + std::to_string(frames) + " pattern=ball ! video/x-raw,format=" + format +
@@ -571,7 +567,7 @@ static Suite* vae_suite() {
   tcase_add_test(harness, test_decoder_ignores_identical_caps);
   tcase_add_test(harness, test_padded_rows_and_planes_encode_like_tight_ones);
   tcase_add_test(harness, test_allocation_query_offers_video_meta);
-  if (fixtures().empty() || !fs::exists(fixtures() + "/stamp")) {
+  if (!latent_test::have_fixtures()) {
     g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
     return s;
   }

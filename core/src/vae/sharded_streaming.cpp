@@ -28,6 +28,24 @@ torch::Tensor join_bands(std::vector<torch::Tensor>& bands, const torch::Device&
   return torch::cat(bands, bands[0].dim() - 2);
 }
 
+template <typename S>
+size_t total(const std::vector<std::unique_ptr<S>>& streams, size_t (S::*bytes)() const) {
+  size_t n = 0;
+  for (const auto& s : streams) n += ((*s).*bytes)();
+  return n;
+}
+
+// A group that failed has aborted for good: a reset forms a new one (and new streams on it).
+template <typename S, typename Remake>
+void reset_streams(ShardedRanks& ranks, std::vector<std::unique_ptr<S>>& streams, Remake remake) {
+  if (!ranks.broken()) {
+    for (auto& s : streams) s->reset();
+    return;
+  }
+  ranks.rebuild();
+  remake();
+}
+
 }  // namespace
 
 ShardedRanks::ShardedRanks(std::vector<std::shared_ptr<const Vae>> models, parallel::GroupOptions options)
@@ -114,25 +132,12 @@ EncodedLatents ShardedEncoder::finish() {
 }
 
 void ShardedEncoder::reset() {
-  if (ranks_.broken()) {
-    ranks_.rebuild();
-    make_streams();
-    return;
-  }
-  for (auto& s : streams_) s->reset();
+  reset_streams(ranks_, streams_, [this] { make_streams(); });
 }
 
-size_t ShardedEncoder::state_bytes() const {
-  size_t n = 0;
-  for (const auto& s : streams_) n += s->state_bytes();
-  return n;
-}
+size_t ShardedEncoder::state_bytes() const { return total(streams_, &StreamingEncoder::state_bytes); }
 
-size_t ShardedEncoder::heap_bytes() const {
-  size_t n = 0;
-  for (const auto& s : streams_) n += s->heap_bytes();
-  return n;
-}
+size_t ShardedEncoder::heap_bytes() const { return total(streams_, &StreamingEncoder::heap_bytes); }
 
 // ---- decoder ------------------------------------------------------------------------------------------------
 
@@ -169,24 +174,11 @@ torch::Tensor ShardedDecoder::finish() {
 }
 
 void ShardedDecoder::reset() {
-  if (ranks_.broken()) {
-    ranks_.rebuild();
-    make_streams();
-    return;
-  }
-  for (auto& s : streams_) s->reset();
+  reset_streams(ranks_, streams_, [this] { make_streams(); });
 }
 
-size_t ShardedDecoder::state_bytes() const {
-  size_t n = 0;
-  for (const auto& s : streams_) n += s->state_bytes();
-  return n;
-}
+size_t ShardedDecoder::state_bytes() const { return total(streams_, &StreamingDecoder::state_bytes); }
 
-size_t ShardedDecoder::heap_bytes() const {
-  size_t n = 0;
-  for (const auto& s : streams_) n += s->heap_bytes();
-  return n;
-}
+size_t ShardedDecoder::heap_bytes() const { return total(streams_, &StreamingDecoder::heap_bytes); }
 
 }  // namespace latent
