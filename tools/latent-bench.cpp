@@ -59,7 +59,8 @@ struct Args {
   int64_t width = 64;
   std::string direction = "encode";
   std::string device = "cpu";
-  std::string devices;  // ranks as threads, e.g. cpu,cpu
+  std::string devices;        // ranks as threads, e.g. cpu,cpu
+  int64_t rank_timeout = 60;  // seconds a rank waits for another
   std::string dtype = "auto";
   int threads = 0;  // 0: LibTorch's default
   int repeat = 1;
@@ -75,7 +76,7 @@ struct Args {
   std::fprintf(status ? stderr : stdout,
                "usage: latent-bench --model DIR|FILE [--frames N] [--height H] [--width W]\n"
                "                    [--direction encode|decode] [--device cpu|cuda|cuda:N] [--devices D0,D1,...]\n"
-               "                    [--dtype auto|float32|...]\n"
+               "                    [--rank-timeout S] [--dtype auto|float32|...]\n"
                "                    [--threads T] [--repeat R] [--warmup W] [--push P] [--chunk C] [--seed S]\n"
                "                    [--no-prefault] [--profile TRACE.json] [--json]\n"
                "  --devices    one stream over ranks as threads, one per entry (patch parallel)\n"
@@ -109,6 +110,8 @@ Args parse_args(int argc, char** argv) {
       a.device = r.value();
     else if (k == "--devices")
       a.devices = r.value();
+    else if (k == "--rank-timeout")
+      a.rank_timeout = r.integer(1, 24 * 3600);
     else if (k == "--dtype")
       a.dtype = r.value();
     else if (k == "--threads")
@@ -201,7 +204,7 @@ class Bench {
     opt.shard = shard_;
     std::unique_ptr<latent::EncoderStream> stream;
     if (ranks_.size() > 1)
-      stream = std::make_unique<latent::ShardedEncoder>(ranks_, opt);
+      stream = std::make_unique<latent::ShardedEncoder>(ranks_, opt, group());
     else
       stream = std::make_unique<latent::StreamingEncoder>(vae_, opt);
     latent::EncoderStream& enc = *stream;
@@ -251,7 +254,7 @@ class Bench {
     opt.shard = shard_;
     std::unique_ptr<latent::DecoderStream> stream;
     if (ranks_.size() > 1)
-      stream = std::make_unique<latent::ShardedDecoder>(ranks_, opt);
+      stream = std::make_unique<latent::ShardedDecoder>(ranks_, opt, group());
     else
       stream = std::make_unique<latent::StreamingDecoder>(vae_, opt);
     latent::DecoderStream& dec = *stream;
@@ -297,6 +300,12 @@ class Bench {
     return r;
   }
 
+  latent::parallel::GroupOptions group() const {
+    latent::parallel::GroupOptions g;
+    g.timeout = std::chrono::seconds(a_.rank_timeout);
+    return g;
+  }
+
   const Args& a_;
   std::shared_ptr<const latent::Vae> vae_;
   std::vector<std::shared_ptr<const latent::Vae>> ranks_;
@@ -340,8 +349,10 @@ int run(const Args& a) {
     const auto env = latent::parallel::LaunchEnv::read();
     if (env.world > 1) {
       if (device_name.rfind("cuda", 0) == 0) device_name = "cuda:" + std::to_string(env.local_rank);
-      shard = std::make_shared<latent::parallel::RowShard>(
-          latent::parallel::join_tcp(env.host, env.port, env.rank, env.world, latent::resolve_device(device_name)));
+      latent::parallel::GroupOptions group;
+      group.timeout = std::chrono::seconds(a.rank_timeout);
+      shard = std::make_shared<latent::parallel::RowShard>(latent::parallel::join_tcp(
+          env.host, env.port, env.rank, env.world, latent::resolve_device(device_name), group));
     }
   }
   const torch::Device device = latent::resolve_device(device_name);
