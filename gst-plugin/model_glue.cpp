@@ -262,18 +262,14 @@ std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* elemen
 
 std::unique_ptr<EncoderStream> make_encoder(GstElement* element, const std::vector<std::shared_ptr<const Vae>>& models,
                                             const EncoderOptions& options, const ModelSettings& settings) {
-  return make_stream<EncoderStream>(element, "encoder", [&]() -> std::unique_ptr<EncoderStream> {
-    if (models.size() == 1) return std::make_unique<StreamingEncoder>(models[0], options);
-    return std::make_unique<ShardedEncoder>(models, options, group_options(settings));
-  });
+  return make_stream<EncoderStream>(element, "encoder",
+                                    [&] { return open_encoder(models, options, group_options(settings)); });
 }
 
 std::unique_ptr<DecoderStream> make_decoder(GstElement* element, const std::vector<std::shared_ptr<const Vae>>& models,
                                             const DecoderOptions& options, const ModelSettings& settings) {
-  return make_stream<DecoderStream>(element, "decoder", [&]() -> std::unique_ptr<DecoderStream> {
-    if (models.size() == 1) return std::make_unique<StreamingDecoder>(models[0], options);
-    return std::make_unique<ShardedDecoder>(models, options, group_options(settings));
-  });
+  return make_stream<DecoderStream>(element, "decoder",
+                                    [&] { return open_decoder(models, options, group_options(settings)); });
 }
 
 bool check_rows_for_ranks(GstElement* element, const Vae& model, int64_t height, size_t ranks) {

@@ -176,7 +176,9 @@ class Bench {
  public:
   Bench(const Args& args, std::shared_ptr<const latent::Vae> vae, std::vector<std::shared_ptr<const latent::Vae>> ranks,
         std::shared_ptr<const latent::parallel::RowShard> shard)
-      : a_(args), vae_(std::move(vae)), ranks_(std::move(ranks)), shard_(std::move(shard)) {}
+      : a_(args), vae_(std::move(vae)), ranks_(std::move(ranks)), shard_(std::move(shard)) {
+    if (ranks_.empty()) ranks_ = {vae_};  // one device
+  }
 
   int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
 
@@ -202,11 +204,7 @@ class Bench {
     latent::EncoderOptions opt;
     if (a_.chunk > 0) opt.max_chunk_frames = a_.chunk;
     opt.shard = shard_;
-    std::unique_ptr<latent::EncoderStream> stream;
-    if (ranks_.size() > 1)
-      stream = std::make_unique<latent::ShardedEncoder>(ranks_, opt, group());
-    else
-      stream = std::make_unique<latent::StreamingEncoder>(vae_, opt);
+    const auto stream = latent::open_encoder(ranks_, opt, group());
     latent::EncoderStream& enc = *stream;
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);
     const auto fopts = torch::TensorOptions().dtype(torch::kFloat);
@@ -252,11 +250,7 @@ class Bench {
     latent::DecoderOptions opt;
     if (a_.chunk > 0) opt.max_chunk_latents = a_.chunk;
     opt.shard = shard_;
-    std::unique_ptr<latent::DecoderStream> stream;
-    if (ranks_.size() > 1)
-      stream = std::make_unique<latent::ShardedDecoder>(ranks_, opt, group());
-    else
-      stream = std::make_unique<latent::StreamingDecoder>(vae_, opt);
+    const auto stream = latent::open_decoder(ranks_, opt, group());
     latent::DecoderStream& dec = *stream;
     const int64_t s = spec.spatial_factor;
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);

@@ -47,8 +47,7 @@ void rendezvous(c10d::Store& store, int rank, int world, std::chrono::millisecon
     if (Clock::now() >= deadline) {
       throw ParallelError(ParallelError::Kind::timeout, "rank " + std::to_string(rank) + ": only " +
                                                             std::to_string(joined) + " of " + std::to_string(world) +
-                                                            " ranks joined within " +
-                                                            std::to_string(double(timeout.count()) / 1000.0) + " s");
+                                                            " ranks joined within " + seconds_text(timeout));
     }
     std::this_thread::sleep_for(pause);
   }

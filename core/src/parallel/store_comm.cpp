@@ -1,5 +1,6 @@
 #include "parallel/store_comm.h"
 
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -19,9 +20,13 @@ std::vector<uint8_t> bytes_of(const torch::Tensor& t) {
   return std::vector<uint8_t>(p, p + c.nbytes());
 }
 
-std::string seconds(std::chrono::milliseconds ms) { return std::to_string(double(ms.count()) / 1000.0) + " s"; }
-
 }  // namespace
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", double(ms.count()) / 1000.0);
+  return buf;
+}
 
 void throw_if_aborted(c10d::Store& store, int rank) {
   bool aborted = false;
@@ -61,7 +66,7 @@ void StoreCommunicator::wait_for(const std::string& k, int from, const char* op)
     if (now >= deadline) {
       throw ParallelError(ParallelError::Kind::timeout,
                           "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " waited " +
-                              seconds(timeout_) + " for rank " + std::to_string(from) + " in " + op +
+                              seconds_text(timeout_) + " for rank " + std::to_string(from) + " in " + op +
                               " (is every rank running? the timeout is an option of the group)");
     }
     std::this_thread::sleep_for(pause);

@@ -41,6 +41,9 @@ class StoreCommunicator : public Communicator {
 // The key under which a failing rank leaves its cause for the others.
 inline const char* kAbortKey = "latent/abort";
 
+// "60 s", "0.5 s": timeouts in messages.
+std::string seconds_text(std::chrono::milliseconds ms);
+
 // Throws ParallelError(peer_failed) when some rank has aborted the group on `store`.
 void throw_if_aborted(c10d::Store& store, int rank);
 

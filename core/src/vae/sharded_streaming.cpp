@@ -181,4 +181,16 @@ size_t ShardedDecoder::state_bytes() const { return total(streams_, &StreamingDe
 
 size_t ShardedDecoder::heap_bytes() const { return total(streams_, &StreamingDecoder::heap_bytes); }
 
+std::unique_ptr<EncoderStream> open_encoder(const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const EncoderOptions& options, parallel::GroupOptions group) {
+  if (models.size() == 1) return std::make_unique<StreamingEncoder>(models[0], options);
+  return std::make_unique<ShardedEncoder>(models, options, group);
+}
+
+std::unique_ptr<DecoderStream> open_decoder(const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const DecoderOptions& options, parallel::GroupOptions group) {
+  if (models.size() == 1) return std::make_unique<StreamingDecoder>(models[0], options);
+  return std::make_unique<ShardedDecoder>(models, options, group);
+}
+
 }  // namespace latent

@@ -79,14 +79,16 @@ struct Attention {
     Tensor f = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     Tensor n = rms_norm_channels(f, gamma);
     Tensor qkv_out = conv_direct(n, qkv.w, qkv.b, {1, 1}, {0, 0});  // [BT, 3C, H, W]
-    auto tokens = [&](const Tensor& m, int64_t parts) {             // [BT, 1, rows * W, parts * C]
-      return m.reshape({b * t, parts * c, -1}).transpose(1, 2).unsqueeze(1);
+    auto tokens = [&](const Tensor& m) {                            // [BT, 1, rows * W, channels]
+      return m.reshape({b * t, m.size(1), -1}).transpose(1, 2).unsqueeze(1);
     };
-    Tensor q = tokens(qkv_out.slice(1, 0, c), 1);
-    Tensor kv = qkv_out.slice(1, c);
-    if (shard) kv = shard->gather_rows(kv.contiguous());
-    auto k_v = tokens(kv, 2).chunk(2, -1);
-    Tensor a = at::scaled_dot_product_attention(q, k_v[0], k_v[1]);
+    std::vector<Tensor> qkv_parts = tokens(qkv_out).chunk(3, -1);  // q, k, v: [BT, 1, HW, C], views
+    if (shard) {
+      auto kv = tokens(shard->gather_rows(qkv_out.slice(1, c).contiguous())).chunk(2, -1);
+      qkv_parts[1] = kv[0];
+      qkv_parts[2] = kv[1];
+    }
+    Tensor a = at::scaled_dot_product_attention(qkv_parts[0], qkv_parts[1], qkv_parts[2]);
     a = a.squeeze(1).transpose(1, 2).reshape({b * t, c, h, w});
     Tensor out = conv_direct(a, proj.w, proj.b, {1, 1}, {0, 0});
     return out.reshape({b, t, c, h, w}).permute({0, 2, 1, 3, 4}) + x;

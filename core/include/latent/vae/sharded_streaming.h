@@ -101,4 +101,10 @@ class ShardedDecoder : public DecoderStream {
   std::vector<std::unique_ptr<StreamingDecoder>> streams_;
 };
 
+// The stream for `models`: one device's for one model, a sharded one (ranks as threads) for several.
+std::unique_ptr<EncoderStream> open_encoder(const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const EncoderOptions& options, parallel::GroupOptions group = {});
+std::unique_ptr<DecoderStream> open_decoder(const std::vector<std::shared_ptr<const Vae>>& models,
+                                            const DecoderOptions& options, parallel::GroupOptions group = {});
+
 }  // namespace latent
