@@ -362,6 +362,21 @@ TEST(PatchParallelProcesses, ARankThatNeverJoinsTimesOut) {
   }
 }
 
+TEST(StoreComm, GroupsThatCannotFormAreRefused) {
+  EXPECT_THROW(parallel::ThreadGroup({}), std::invalid_argument);
+  // NCCL by name needs a GPU per rank.
+  EXPECT_THROW(parallel::ThreadGroup({torch::kCPU, torch::kCPU}, {.backend = parallel::Backend::nccl}),
+               std::invalid_argument);
+  parallel::ThreadGroup two({torch::kCPU, torch::kCPU});
+  EXPECT_THROW(two.join(2), std::out_of_range);
+  EXPECT_THROW(parallel::join_tcp("127.0.0.1", 0, 0, 2, torch::kCPU), std::invalid_argument);
+  EXPECT_THROW(parallel::join_tcp("127.0.0.1", 29500, 2, 2, torch::kCPU), std::invalid_argument);
+  // Ranks of a sharded stream must run one model in one dtype.
+  auto f32 = load_vae(find_default_model());
+  auto f64 = load_vae(find_default_model(), {.dtype = torch::kDouble});
+  EXPECT_THROW(ShardedEncoder({f32, f64}), std::invalid_argument);
+}
+
 TEST(LaunchEnv, NamesWhatIsMissing) {
   ::setenv("WORLD_SIZE", "2", 1);
   ::unsetenv("RANK");
