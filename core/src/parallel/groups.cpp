@@ -9,6 +9,7 @@
 
 #include "io/numbers.h"
 #include "latent/parallel/comm.h"
+#include "parallel/local_group.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/store_comm.h"
 
@@ -89,6 +90,11 @@ RankComms with_departure(RankComms comms, std::shared_ptr<Departure> departure) 
   return {hold(comms.halo), hold(comms.collectives)};
 }
 
+testing::CommunicatorHook& communicator_hook() {
+  static testing::CommunicatorHook hook;
+  return hook;
+}
+
 int env_int(const char* name, int lo, int hi) {
   const char* v = std::getenv(name);
   if (!v || !*v) throw std::invalid_argument(std::string(name) + " is not set (launch with torchrun)");
@@ -133,7 +139,12 @@ ThreadGroup::~ThreadGroup() = default;
 
 RankComms ThreadGroup::join(int rank) {
   if (rank < 0 || rank >= size()) throw std::out_of_range("rank " + std::to_string(rank) + " outside the group");
-  return make_comms(impl_->store, rank, size(), devices_[size_t(rank)], options_, impl_->nccl);
+  RankComms comms = make_comms(impl_->store, rank, size(), devices_[size_t(rank)], options_, impl_->nccl);
+  if (const auto& hook = communicator_hook()) {
+    comms.halo = hook(comms.halo, "halo");
+    comms.collectives = hook(comms.collectives, "collectives");
+  }
+  return comms;
 }
 
 RankComms join_tcp(const std::string& host, int port, int rank, int world, const torch::Device& device,
@@ -160,6 +171,8 @@ RankComms join_tcp(const std::string& host, int port, int rank, int world, const
   return with_departure(make_comms(store, rank, world, device, options, use_nccl(options.backend, device) && world > 1),
                         std::make_shared<Departure>(store, rank, world, options.timeout));
 }
+
+void testing::set_communicator_hook(CommunicatorHook hook) { communicator_hook() = std::move(hook); }
 
 bool LaunchEnv::present() {
   const char* w = std::getenv("WORLD_SIZE");
