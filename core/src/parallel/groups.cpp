@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -90,6 +91,44 @@ RankComms with_departure(RankComms comms, std::shared_ptr<Departure> departure) 
   return {hold(comms.halo), hold(comms.collectives)};
 }
 
+// A thread rank's communicator: see local_member().
+class LocalMember : public Communicator {
+ public:
+  LocalMember(std::shared_ptr<Communicator> backend, std::shared_ptr<LocalGroup> group)
+      : backend_(std::move(backend)), group_(std::move(group)) {}
+  int rank() const override { return backend_->rank(); }
+  int size() const override { return backend_->size(); }
+  const char* backend_name() const override { return backend_->backend_name(); }
+  void all_reduce_sum(torch::Tensor& t) override {
+    guarded([&] { backend_->all_reduce_sum(t); });
+  }
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
+    return guarded([&] { return backend_->all_gather(t); });
+  }
+  void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
+                torch::Tensor& from_next) override {
+    guarded([&] { backend_->exchange(to_prev, to_next, from_prev, from_next); });
+  }
+  void abort(const std::string& why) noexcept override { group_->abort(why); }
+
+ private:
+  // A backend freed by an abort throws what it throws (NCCL: "communicator was aborted"); the caller must see the
+  // failed rank's cause instead, marked as a report of it, so the root cause is told apart from its echoes.
+  template <typename Call>
+  auto guarded(Call&& call) -> decltype(call()) {
+    if (group_->aborted()) group_->rethrow();
+    try {
+      return call();
+    } catch (...) {
+      if (group_->aborted()) group_->rethrow();
+      throw;
+    }
+  }
+
+  std::shared_ptr<Communicator> backend_;
+  std::shared_ptr<LocalGroup> group_;
+};
+
 testing::CommunicatorHook& communicator_hook() {
   static testing::CommunicatorHook hook;
   return hook;
@@ -107,9 +146,39 @@ int env_int(const char* name, int lo, int hi) {
 
 }  // namespace
 
+void LocalGroup::enlist(const std::shared_ptr<Communicator>& c) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  members_.push_back(c);
+}
+
+void LocalGroup::abort(const std::string& why) noexcept {
+  std::vector<std::shared_ptr<Communicator>> live;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    why_ = why.empty() ? "a rank aborted the group" : why;
+    aborted_.store(true, std::memory_order_release);
+    for (const auto& m : members_)
+      if (auto c = m.lock()) live.push_back(std::move(c));
+  }
+  // Outside the lock: an NCCL abort takes a while, and the members' own threads look at aborted() meanwhile.
+  for (const auto& c : live) c->abort(why_);
+}
+
+void LocalGroup::rethrow() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throw ParallelError(ParallelError::Kind::peer_failed, why_);
+}
+
+std::shared_ptr<Communicator> local_member(std::shared_ptr<Communicator> backend, std::shared_ptr<LocalGroup> group) {
+  group->enlist(backend);
+  return std::make_shared<LocalMember>(std::move(backend), std::move(group));
+}
+
 struct ThreadGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   bool nccl = false;
+  std::shared_ptr<LocalGroup> local = std::make_shared<LocalGroup>();
 };
 
 ThreadGroup::ThreadGroup(std::vector<torch::Device> devices, GroupOptions options)
@@ -133,6 +202,8 @@ ThreadGroup::ThreadGroup(std::vector<torch::Device> devices, GroupOptions option
     impl_->nccl =
         options_.backend == Backend::automatic && all_cuda && distinct.size() == devices_.size() && devices_.size() > 1;
   }
+  // Here, on the caller's thread, before the ranks' threads construct their process groups.
+  if (impl_->nccl) keep_process_on_nccl_errors();
 }
 
 ThreadGroup::~ThreadGroup() = default;
@@ -144,7 +215,7 @@ RankComms ThreadGroup::join(int rank) {
     comms.halo = hook(comms.halo, "halo");
     comms.collectives = hook(comms.collectives, "collectives");
   }
-  return comms;
+  return {local_member(comms.halo, impl_->local), local_member(comms.collectives, impl_->local)};
 }
 
 RankComms join_tcp(const std::string& host, int port, int rank, int world, const torch::Device& device,

@@ -8,9 +8,17 @@
 
 namespace latent::parallel {
 
-// Throws ParallelError(backend) in builds without CUDA.
+// Throws ParallelError(backend) in builds without CUDA. Returns once the NCCL communicator is formed, which needs
+// every rank of the group to call this at the same time.
 std::shared_ptr<Communicator> make_nccl_communicator(c10::intrusive_ptr<c10d::Store> store, const std::string& name,
                                                      int rank, int size, const torch::Device& device,
                                                      std::chrono::milliseconds timeout);
+
+// The value TORCH_NCCL_ASYNC_ERROR_HANDLING must take so that c10d never ends the process, given its value now
+// (null: unset); null where the value now already does that.
+const char* nccl_error_handling_to_set(const char* current);
+
+// Sets TORCH_NCCL_ASYNC_ERROR_HANDLING for this process, once, before the first ProcessGroupNCCL reads it.
+void keep_process_on_nccl_errors();
 
 }  // namespace latent::parallel

@@ -21,7 +21,8 @@ class RankThreads {
   int size() const { return int(threads_.size()); }
   // Runs job(rank) on every rank's thread and waits for all of them. A rank whose job throws calls
   // fail(rank, exception) on its own thread at once (to release the ranks waiting for it). Afterwards the root
-  // cause is rethrown: the first failure that is not a report of another rank's.
+  // cause is rethrown: the earliest failure that is not a report of another rank's (ParallelError peer_failed),
+  // or the earliest report where every failure is one.
   void run(const std::function<void(int)>& job, const std::function<void(int, std::exception_ptr)>& fail);
 
  private:
@@ -35,6 +36,10 @@ class RankThreads {
   int pending_ = 0;
   bool stop_ = false;
   std::vector<std::exception_ptr> errors_;
+  // When each rank failed, as a count of failures so far in this run: a rank that fails first is the cause of the
+  // others' failures, whatever its rank number.
+  std::vector<uint64_t> failed_at_;
+  uint64_t failures_ = 0;
   std::vector<std::thread> threads_;
 };
 

@@ -55,7 +55,10 @@ void RowShard::all_reduce(torch::Tensor& t) const { comms_.collectives->all_redu
 
 torch::Tensor RowShard::gather_rows(const torch::Tensor& x) const {
   const int64_t dim = x.dim() - 2;
-  // Bands differ by at most a row or so: each is padded to the tallest, gathered, and cut back.
+  // Bands differ by at most a row or so: each is padded to the tallest, gathered, and cut back. The heights come
+  // from the others (a band's height alone does not tell the frame's): reading them is a host sync, which on a
+  // device waits for nothing, since every communicator returns only once its call has completed on the device
+  // (its own waits end on an abort or the timeout).
   torch::Tensor mine = torch::tensor({x.size(dim)}, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
   std::vector<torch::Tensor> heights = comms_.collectives->all_gather(mine);
   std::vector<int64_t> h;

@@ -9,7 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "latent/io/safetensors.h"
@@ -18,6 +21,8 @@
 #include "latent/runtime/default_model.h"
 #include "latent/vae/sharded_streaming.h"
 #include "latent/vae/streaming.h"
+#include "parallel/local_group.h"
+#include "parallel/nccl_comm.h"
 #include "parallel/rank_threads.h"
 #include "vae_fixtures.h"
 
@@ -266,6 +271,327 @@ TEST(PatchParallel, FramesInEqualFramesOutAcrossClips) {
     const int64_t out = (x.defined() ? x.size(0) : 0) + (rest.defined() ? rest.size(0) : 0);
     EXPECT_EQ(out, t);
   }
+}
+
+// ---- a rank that fails ------------------------------------------------------------------------------------------
+
+namespace {
+
+// A stand-in for NCCL on the CPU. A call blocks until the ranks it needs have made the same call, as a collective
+// kernel does; it looks at no store, and only an abort of this rank's own communicator (ncclCommAbort) or, after
+// `watchdog`, c10d's watchdog ends the wait. The watchdog throws here; in a real process with c10d's default error
+// handling it ends the process instead, so a test that waits for it has already failed.
+struct Fabric {
+  std::mutex mutex;
+  std::condition_variable posted;
+  std::map<std::string, torch::Tensor> slots;
+};
+
+class KernelLikeComm : public parallel::Communicator {
+ public:
+  KernelLikeComm(std::shared_ptr<Fabric> fabric, int rank, int size, std::chrono::milliseconds watchdog)
+      : fabric_(std::move(fabric)), rank_(rank), size_(size), watchdog_(watchdog) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend_name() const override { return "kernel-like"; }
+
+  void all_reduce_sum(torch::Tensor& t) override {
+    const uint64_t seq = seq_++;
+    post(slot(seq, rank_), t);
+    torch::Tensor sum;
+    for (int r = 0; r < size_; ++r) {
+      torch::Tensor part = await(slot(seq, r));
+      sum = r == 0 ? part.clone() : sum.add_(part);
+    }
+    t.copy_(sum);
+  }
+
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
+    const uint64_t seq = seq_++;
+    post(slot(seq, rank_), t);
+    std::vector<torch::Tensor> out;
+    for (int r = 0; r < size_; ++r) out.push_back(await(slot(seq, r)).clone());
+    return out;
+  }
+
+  void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
+                torch::Tensor& from_next) override {
+    const uint64_t seq = seq_++;
+    auto link = [&](int from, int to) {
+      return std::to_string(seq) + "/" + std::to_string(from) + ">" + std::to_string(to);
+    };
+    if (to_prev.defined()) post(link(rank_, rank_ - 1), to_prev);
+    if (to_next.defined()) post(link(rank_, rank_ + 1), to_next);
+    if (from_prev.defined()) from_prev.copy_(await(link(rank_ - 1, rank_)));
+    if (from_next.defined()) from_next.copy_(await(link(rank_ + 1, rank_)));
+  }
+
+  void abort(const std::string&) noexcept override {
+    std::lock_guard<std::mutex> lock(fabric_->mutex);
+    aborted_ = true;
+    fabric_->posted.notify_all();
+  }
+
+ private:
+  std::string slot(uint64_t seq, int r) const { return std::to_string(seq) + "/" + std::to_string(r); }
+  void post(const std::string& key, const torch::Tensor& t) {
+    std::lock_guard<std::mutex> lock(fabric_->mutex);
+    fabric_->slots[key] = t.clone();
+    fabric_->posted.notify_all();
+  }
+  torch::Tensor await(const std::string& key) {
+    std::unique_lock<std::mutex> lock(fabric_->mutex);
+    const auto deadline = std::chrono::steady_clock::now() + watchdog_;
+    for (;;) {
+      // What NCCL reports to a rank whose communicator was aborted: not a ParallelError.
+      if (aborted_) throw std::runtime_error("NCCL communicator was aborted");
+      if (auto it = fabric_->slots.find(key); it != fabric_->slots.end()) return it->second;
+      if (fabric_->posted.wait_until(lock, deadline) == std::cv_status::timeout)
+        throw std::runtime_error("watchdog: rank " + std::to_string(rank_) + " hung in a collective");
+    }
+  }
+
+  std::shared_ptr<Fabric> fabric_;
+  int rank_, size_;
+  std::chrono::milliseconds watchdog_;
+  uint64_t seq_ = 0;
+  bool aborted_ = false;  // guarded by fabric_->mutex
+};
+
+// Throws "out of memory on purpose" from rank `rank`'s `call`-th call (from 1) of `op` on its `comm` communicator,
+// once for the test: inside the call, while the other ranks are in it.
+struct Fault {
+  int rank = -1;
+  std::string comm, op;
+  int call = 0;
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
+};
+
+class FaultyComm : public parallel::Communicator {
+ public:
+  FaultyComm(std::shared_ptr<parallel::Communicator> inner, std::string name, Fault fault)
+      : inner_(std::move(inner)), name_(std::move(name)), fault_(std::move(fault)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend_name() const override { return inner_->backend_name(); }
+  void all_reduce_sum(torch::Tensor& t) override {
+    maybe_fail("all_reduce");
+    inner_->all_reduce_sum(t);
+  }
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
+    maybe_fail("all_gather");
+    return inner_->all_gather(t);
+  }
+  void exchange(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, torch::Tensor& d) override {
+    maybe_fail("exchange");
+    inner_->exchange(a, b, c, d);
+  }
+  void abort(const std::string& why) noexcept override { inner_->abort(why); }
+
+ private:
+  void maybe_fail(const char* op) {
+    if (rank() != fault_.rank || name_ != fault_.comm || op != fault_.op) return;
+    if (++*fault_.calls == fault_.call && !fault_.fired->exchange(true))
+      throw std::runtime_error("out of memory on purpose");
+  }
+  std::shared_ptr<parallel::Communicator> inner_;
+  std::string name_;
+  Fault fault_;
+};
+
+enum class Wire { store, kernel_like };
+
+// For as long as it lives, thread groups talk over `wire`, with `fault` in their communicators.
+class GroupHook {
+ public:
+  GroupHook(Wire wire, Fault fault, std::chrono::milliseconds watchdog = 10s) {
+    // The ranks of a group join on their own threads at once; a group's fabric is handed to its `size` ranks.
+    struct Fabrics {
+      std::mutex mutex;
+      std::map<std::string, std::pair<std::shared_ptr<Fabric>, int>> current;  // name -> fabric, ranks given it
+    };
+    auto fabrics = std::make_shared<Fabrics>();
+    parallel::testing::set_communicator_hook(
+        [=](std::shared_ptr<parallel::Communicator> made, const std::string& name) {
+          std::shared_ptr<parallel::Communicator> c = made;
+          if (wire == Wire::kernel_like) {
+            std::lock_guard<std::mutex> lock(fabrics->mutex);
+            auto& [fabric, given] = fabrics->current[name];
+            if (!fabric || given == made->size()) fabric = std::make_shared<Fabric>(), given = 0;
+            ++given;
+            c = std::make_shared<KernelLikeComm>(fabric, made->rank(), made->size(), watchdog);
+          }
+          return std::make_shared<FaultyComm>(c, name, fault);
+        });
+  }
+  ~GroupHook() { parallel::testing::set_communicator_hook({}); }
+};
+
+enum class Stage { before_halo, in_all_reduce, before_gather, in_gather, after_last };
+
+struct StageCase {
+  Wire wire;
+  Stage stage;
+};
+
+std::string name_of(const ::testing::TestParamInfo<StageCase>& p) {
+  const char* stages[] = {"BeforeHaloExchange", "InsideAllReduce", "BeforeGatherRows", "InsideGatherRows",
+                          "AfterLastCollective"};
+  return std::string(p.param.wire == Wire::store ? "Store" : "KernelLike") + stages[int(p.param.stage)];
+}
+
+// What every rank of a three-rank group runs: a halo exchange, an all-reduce, a gather of bands of uneven height,
+// as the layers do. Rank r's band has 3 - (r > 0) rows of value 10r + row.
+struct StageRun {
+  torch::Tensor halo, sum, gathered;
+};
+
+StageRun run_stages(const parallel::RowShard& shard, int r, Stage fail_at, int failing_rank) {
+  auto fail = [&](Stage s) {
+    if (r == failing_rank && s == fail_at) throw std::runtime_error("out of memory on purpose");
+  };
+  const int64_t rows = r == 0 ? 3 : 2;
+  torch::Tensor band = (torch::arange(rows, torch::kDouble) + 10.0 * r).reshape({1, rows, 1});
+  StageRun out;
+  fail(Stage::before_halo);
+  out.halo = shard.with_halo(band, 1, 1).flatten();
+  out.sum = torch::full({2}, double(r + 1));
+  shard.all_reduce(out.sum);
+  fail(Stage::before_gather);
+  out.gathered = shard.gather_rows(band).flatten();
+  fail(Stage::after_last);
+  return out;
+}
+
+Fault fault_for(Stage stage, int rank) {
+  Fault f;
+  f.rank = rank;
+  if (stage == Stage::in_all_reduce) f.comm = "collectives", f.op = "all_reduce", f.call = 1;
+  if (stage == Stage::in_gather) f.comm = "collectives", f.op = "all_gather", f.call = 1;
+  return f;
+}
+
+class RankFailure : public ::testing::TestWithParam<StageCase> {};
+
+}  // namespace
+
+// Rank 1 of 3 fails at each stage of a step; the other two are then in a halo exchange, an all-reduce or a gather
+// waiting for it (or done, after the last collective). Every rank must come back long before the group's timeout
+// (30 s) and the kernel-like backend's watchdog (10 s), the caller must see rank 1's own error, and the ranks must
+// form a working group again.
+TEST_P(RankFailure, EveryRankReturnsPromptlyWithTheRootCause) {
+  const auto [wire, stage] = GetParam();
+  GroupHook hook(wire, fault_for(stage, 1));
+  ShardedRanks ranks(ranks_of(load_vae(find_default_model()), 3), {.timeout = 30s});
+  std::vector<std::string> seen(3);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ranks.run([&](int r) {
+      try {
+        run_stages(*ranks.shard(r), r, stage, 1);
+      } catch (const std::exception& e) {
+        seen[size_t(r)] = e.what();
+        throw;
+      }
+    });
+    FAIL() << "no error";
+  } catch (const parallel::ParallelError& e) {
+    ADD_FAILURE() << "the root cause, not a report of it, must come out: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "out of memory on purpose");
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 3s) << "took " << std::chrono::duration<double>(took).count() << " s";
+  EXPECT_TRUE(ranks.broken());
+  for (int r : {0, 2}) {
+    // After the last collective the others may have returned before the abort reached them.
+    if (stage == Stage::after_last && seen[size_t(r)].empty()) continue;
+    EXPECT_NE(seen[size_t(r)].find("rank 1 (cpu) failed: out of memory on purpose"), std::string::npos)
+        << "rank " << r << ": " << seen[size_t(r)];
+  }
+
+  // A new group on the same ranks works.
+  ranks.rebuild();
+  std::vector<StageRun> out(3);
+  ranks.run([&](int r) { out[size_t(r)] = run_stages(*ranks.shard(r), r, stage, -1); });
+  EXPECT_TRUE(torch::equal(out[1].halo, torch::tensor({2.0, 10.0, 11.0, 20.0})));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(torch::equal(out[size_t(r)].sum, torch::full({2}, 6.0)));
+    EXPECT_TRUE(torch::equal(out[size_t(r)].gathered, torch::tensor({0.0, 1.0, 2.0, 10.0, 11.0, 20.0, 21.0})));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stages, RankFailure,
+    ::testing::Values(StageCase{Wire::store, Stage::before_halo}, StageCase{Wire::store, Stage::in_all_reduce},
+                      StageCase{Wire::store, Stage::before_gather}, StageCase{Wire::store, Stage::in_gather},
+                      StageCase{Wire::store, Stage::after_last}, StageCase{Wire::kernel_like, Stage::before_halo},
+                      StageCase{Wire::kernel_like, Stage::in_all_reduce},
+                      StageCase{Wire::kernel_like, Stage::before_gather},
+                      StageCase{Wire::kernel_like, Stage::in_gather}, StageCase{Wire::kernel_like, Stage::after_last}),
+    name_of);
+
+// The element's case: a decode over two ranks where one fails in the middle of the model (its 3rd halo exchange)
+// ends with that rank's error at once, and after reset() the same decoder decodes as before.
+TEST(RankFailure, ADecoderThatLosesARankMidModelRecoversAfterReset) {
+  for (Wire wire : {Wire::store, Wire::kernel_like}) {
+    SCOPED_TRACE(wire == Wire::store ? "store" : "kernel-like");
+    auto vae = load_vae(find_default_model());
+    auto latents = torch::randn({3, vae->spec().latent_channels, 6, 4}, at::make_generator<at::CPUGeneratorImpl>(3));
+    StreamingDecoder one(vae);
+    const torch::Tensor want = decode_pieces(one, latents);
+    Fault fault;
+    fault.rank = 1, fault.comm = "halo", fault.op = "exchange", fault.call = 3;
+    GroupHook hook(wire, fault);
+    ShardedDecoder dec(ranks_of(vae, 2), {}, {.timeout = 30s});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      decode_pieces(dec, latents);
+      FAIL() << "no error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("out of memory on purpose"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+    dec.reset();
+    EXPECT_LE(rel_err(decode_pieces(dec, latents), want), kTol);
+  }
+}
+
+// The failure that came first is the cause, whatever its rank: here rank 2 fails, and rank 0 fails after it with
+// an error of its own that is not marked as a report (a backend's error, say).
+TEST(RankFailure, TheEarliestFailureIsTheRootCauseNotTheLowestRank) {
+  parallel::RankThreads threads(3);
+  std::atomic<bool> first_failed{false};
+  try {
+    threads.run(
+        [&](int r) {
+          if (r == 2) throw std::runtime_error("first");
+          if (r == 0) {
+            while (!first_failed) std::this_thread::sleep_for(1ms);
+            throw std::runtime_error("second");
+          }
+        },
+        [&](int, std::exception_ptr) { first_failed = true; });
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "first");
+  }
+}
+
+// c10d reads its error handling from the environment: every value but 0 and 2 ends the process on an NCCL error
+// or timeout (1 TearDown, 3 SkipCleanUp, the default when unset).
+TEST(RankFailure, NcclErrorHandlingNeverEndsTheProcess) {
+  EXPECT_STREQ(parallel::nccl_error_handling_to_set(nullptr), "2");
+  EXPECT_STREQ(parallel::nccl_error_handling_to_set("1"), "2");
+  EXPECT_STREQ(parallel::nccl_error_handling_to_set("3"), "2");
+  EXPECT_EQ(parallel::nccl_error_handling_to_set("0"), nullptr);
+  EXPECT_EQ(parallel::nccl_error_handling_to_set("2"), nullptr);
+  // What the process runs with once a group has formed, whatever it was started with.
+  parallel::keep_process_on_nccl_errors();
+  const char* now = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(parallel::nccl_error_handling_to_set(now), nullptr) << now;
 }
 
 // ---- processes ----------------------------------------------------------------------------------------------
