@@ -1,4 +1,4 @@
-// Access to the diffusers reference fixtures (tools/gen_vae_fixtures.py, run by the build from the .venv).
+// Access to the diffusers reference fixtures (tests/fixtures/gen_vae_fixtures.py, run by the build from the .venv).
 #pragma once
 
 #include <gtest/gtest.h>

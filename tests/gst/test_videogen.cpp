@@ -1,6 +1,6 @@
 // videogen in pipelines and harnesses: the latent caps contract, exact frame counts through vaedecode, seeds,
 // schedules, files, live latency, seeks, errors and state cycles. The model is latent-gen-small with random
-// weights (tools/gen_small_denoiser_fixtures.py), except where the shipped default generator is the subject.
+// weights (tests/fixtures/gen_small_denoiser_fixtures.py), except where the shipped default generator is the subject.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <sys/resource.h>

@@ -1,8 +1,8 @@
 // latent-gen-small: the native architecture of gst-latent's default generator, a small factorised video denoiser
 // (per-frame 2-D residual blocks with FiLM from each frame's noise level, causal temporal convs, one U-Net skip per
-// level). tools/gen_small_model.py is its PyTorch definition and says why each piece is there; this file runs the
-// same network from the .safetensors file that script's save() writes, and tests/core/gen/test_small_denoiser.cpp
-// compares the two.
+// level). models/recipes/gen_small_model.py is its PyTorch definition and says why each piece is there; this file
+// runs the same network from the .safetensors file that script's save() writes, and
+// tests/core/gen/test_small_denoiser.cpp compares the two.
 //
 // Activations are kept frame-major, [B*T, C, H, W], from the stem to the output: every 2-D layer and every
 // GroupNorm then works on frames as a batch with no copies, and only the temporal convs look across frames.

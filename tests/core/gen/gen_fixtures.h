@@ -1,5 +1,5 @@
-// The denoiser fixtures (tools/gen_denoiser_fixtures.py, run by the build from the .venv): a tiny random-weight
-// diffusers WanTransformer3DModel, its .pt2 package, and what PyTorch and diffusers computed with it.
+// The denoiser fixtures (tests/fixtures/gen_denoiser_fixtures.py, run by the build from the .venv): a tiny
+// random-weight diffusers WanTransformer3DModel, its .pt2 package, and what PyTorch and diffusers computed with it.
 #pragma once
 
 #include <gtest/gtest.h>

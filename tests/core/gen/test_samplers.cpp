@@ -1,4 +1,5 @@
-// The samplers against diffusers' schedulers (tools/gen_sampler_fixtures.py), and their contract without fixtures.
+// The samplers against diffusers' schedulers (tests/fixtures/gen_sampler_fixtures.py), and their contract without
+// fixtures.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -1,5 +1,5 @@
 // The native latent-gen-small denoiser (core/src/gen/small_denoiser.cpp) against its PyTorch module
-// (tools/gen_small_model.py) on random weights, its causality, and the errors a damaged file gives.
+// (models/recipes/gen_small_model.py) on random weights, its causality, and the errors a damaged file gives.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 // The embedded default models, shipped in models/ and loaded when no model is named: a small Wan 2.1-architecture
-// VAE (tools/train_default_vae.py) for vaeencode / vaedecode, and a small generator in its latents
-// (tools/train_default_generator.py) for videogen.
+// VAE (models/recipes/train_default_vae.py) for vaeencode / vaedecode, and a small generator in its latents
+// (models/recipes/train_default_generator.py) for videogen.
 #pragma once
 
 #include <filesystem>

@@ -96,7 +96,7 @@ def markdown(res):
     if rates:
         peak = next((e["summary"]["bf16_peak"] for e in rates if e["summary"].get("bf16_peak")), None)
         lines += ["## Achieved convolution throughput", "",
-                  "The convolutions' FLOPs on each clip (counted by tools/bench_lib/flops.py from the model's layer "
+                  "The convolutions' FLOPs on each clip (counted by bench/bench_lib/flops.py from the model's layer "
                   "graph; attention and norms left out) over the measured wall time: the same work on both sides."
                   + (f" Share of peak: of the {peak['device']}'s dense bf16 tensor-core peak, "
                      f"{peak['tflops']:.0f} TFLOP/s (data sheet)." if peak else ""), "",

@@ -1,10 +1,10 @@
 """The PyTorch side of the generation benchmark: one fresh process per measurement, printing the keys
 latent-gen-bench prints so the two can be tabulated together.
 
-  python tools/bench_lib/gen_ref_runner.py --generator FILE [--vae FILE] --latents N [--steps K]
+  python bench/bench_lib/gen_ref_runner.py --generator FILE [--vae FILE] --latents N [--steps K]
                                            [--window W] [--context C] [--threads T] [--seed S] [--sample K]
 
-What it runs is what a Python user would write: the latent-gen-small module (tools/gen_small_model.py) in eager
+What it runs is what a Python user would write: the latent-gen-small module (models/recipes/gen_small_model.py) in eager
 PyTorch, diffusers' FlowMatchEulerDiscreteScheduler for the sigmas and steps, and the rolling schedule
 (windows of W frames whose first C are the clean frames carried from the window before); then diffusers'
 AutoencoderKLWan decodes all latents at once, as its pipelines do, from diffusion space (z * std + mean).
@@ -17,8 +17,8 @@ import os
 import sys
 import time
 
-TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, TOOLS)
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(TOP, "models", "recipes"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gen_small_model as gsm  # noqa: E402

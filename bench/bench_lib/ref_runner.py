@@ -1,7 +1,7 @@
 """The diffusers side of the benchmark: one fresh process per measurement, printing the same JSON keys as
 latent-bench so the two can be tabulated together.
 
-  python tools/bench_lib/ref_runner.py --model DIR --frames N --height H --width W --direction encode|decode
+  python bench/bench_lib/ref_runner.py --model DIR --frames N --height H --width W --direction encode|decode
                                        [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--threads T]
                                        [--repeat R] [--warmup W] [--seed S]
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Trains gst-latent's embedded default model: a small Wan 2.1-architecture causal video VAE.
 
-    tools/train_default_vae.py prepare            # fetch photographs + evaluation clips (Debian packages)
-    tools/train_default_vae.py train --minutes 90 # resumable: run it again to continue from the checkpoint
-    tools/train_default_vae.py train --device cuda --budget-minutes 15.5 ...   # the shipped run (model card)
-    tools/train_default_vae.py eval               # PSNR / SSIM on the held-out clips
-    tools/train_default_vae.py export             # models/latent-tiny-wan.safetensors (+ latent statistics)
+    models/recipes/train_default_vae.py prepare            # fetch photographs + evaluation clips (Debian packages)
+    models/recipes/train_default_vae.py train --minutes 90 # resumable: run it again to continue from the checkpoint
+    models/recipes/train_default_vae.py train --device cuda --budget-minutes 15.5 ...   # the shipped run (model card)
+    models/recipes/train_default_vae.py eval               # PSNR / SSIM on the held-out clips
+    models/recipes/train_default_vae.py export             # models/latent-tiny-wan.safetensors (+ latent statistics)
 
 Training data are still photographs from Debian wallpaper packages, turned into video by synthetic camera
 motion (pan, zoom, rotation), cuts, a second photograph moving in front as an occluding object, and lighting
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-TOP = Path(__file__).resolve().parent.parent
+TOP = Path(__file__).resolve().parents[2]
 
 # Smaller widths than Wan 2.1 (base_dim 96), same structure: 4x temporal, 8x spatial, 16 latent channels.
 # dim_mult puts the width at low resolution, where it is cheap; the full-resolution level stays narrow. Widths

@@ -14,7 +14,7 @@ import sys
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GEN_REF = os.path.join(TOP, "tools", "bench_lib", "gen_ref_runner.py")
+GEN_REF = os.path.join(TOP, "bench", "bench_lib", "gen_ref_runner.py")
 GENERATOR = os.path.join(TOP, "models", "latent-gen-small.safetensors")
 VAE = os.path.join(TOP, "models", "latent-tiny-wan.safetensors")
 

@@ -12,7 +12,7 @@ Then predicts time and memory per GPU for N GPUs from one GPU's measured time an
 Compute scales with a band's rows because a band computes only its own rows (the convolutions consume the halo
 rows instead of padding). All inputs are printed with the result; nothing here is measured.
 
-  python3 tools/parallel_scaling.py [--json]
+  python3 bench/parallel_scaling.py [--json]
 """
 import argparse
 import json

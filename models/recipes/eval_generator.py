@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Objective figures of the default generator (models/latent-gen-small.md shows them), on clips it never saw.
 
-    tools/eval_generator.py [--model models/latent-gen-small.safetensors] [--json OUT.json]
+    models/recipes/eval_generator.py [--model models/latent-gen-small.safetensors] [--json OUT.json]
 
 1. Held-out flow-matching loss on a fixed grid of noise levels (0.1 ... 0.9, fixed noise), next to the loss of
    the best constant predictor (the mean velocity): how much the model learned beyond the data's average.
@@ -16,7 +16,7 @@
    per-channel mean and standard deviation, and the mean |z_t - z_(t-1)|, against the training clips'. A stream
    that blows up grows its std; one that freezes loses its motion.
 
-Held-out clips and training clips come from tools/train_default_generator.py's bank (build/train-default-
+Held-out clips and training clips come from models/recipes/train_default_generator.py's bank (build/train-default-
 generator/latents.pt); run its `prepare` first.
 """
 import argparse
@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-TOP = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(TOP / "tools"))
+TOP = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen_small_model as gsm  # noqa: E402
 

@@ -21,7 +21,7 @@ import time
 from . import flops, generation, models, report
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REF_RUNNER = os.path.join(TOP, "tools", "bench_lib", "ref_runner.py")
+REF_RUNNER = os.path.join(TOP, "bench", "bench_lib", "ref_runner.py")
 
 # What each mode measures. Sizes are (frames, height, width).
 MODES = {
@@ -387,15 +387,15 @@ def build_latent_bench(args, name="latent-bench"):
     if args.latent_bench and name == "latent-bench":
         return args.latent_bench
     build = os.path.join(TOP, args.build_dir)
-    binary = os.path.join(build, "tools", name)
+    binary = os.path.join(build, "bench", name)
     if not args.no_build and os.path.exists(os.path.join(build, "build.ninja")):
-        log(f"ninja -C {args.build_dir} tools/{name}")
-        r = subprocess.run(["ninja", "-C", build, f"tools/{name}"], capture_output=True, text=True)
+        log(f"ninja -C {args.build_dir} bench/{name}")
+        r = subprocess.run(["ninja", "-C", build, f"bench/{name}"], capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"[bench] building {name} failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
     if not os.path.exists(binary):
         sys.exit(f"[bench] {binary} not found: configure and build first (meson setup {args.build_dir}; "
-                 f"ninja -C {args.build_dir} tools/{name})" + (", or pass --latent-bench PATH" if name == "latent-bench"
+                 f"ninja -C {args.build_dir} bench/{name})" + (", or pass --latent-bench PATH" if name == "latent-bench"
                                                               else ""))
     return binary
 

@@ -19,7 +19,7 @@
 // Under torchrun (WORLD_SIZE > 1) every process is one rank of the group, on cuda:LOCAL_RANK when --device is
 // cuda, and rank 0 prints the report; the output cross-check is summed over the ranks, so it matches one device's:
 //
-//   torchrun --nproc-per-node 2 --no-python build/tools/latent-bench --model M --device cuda --direction decode
+//   torchrun --nproc-per-node 2 --no-python build/bench/latent-bench --model M --device cuda --direction decode
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Trains gst-latent's default video generator, latent-gen-small, in the latents of the default VAE.
 
-    tools/train_default_generator.py prepare               # clips from photographs -> default VAE -> latent bank
-    tools/train_default_generator.py train --minutes 40    # resumable: run it again to continue
-    tools/train_default_generator.py export                # models/latent-gen-small.safetensors
+    models/recipes/train_default_generator.py prepare             # photographs -> clips -> default VAE -> latents
+    models/recipes/train_default_generator.py train --minutes 40  # resumable: run it again to continue
+    models/recipes/train_default_generator.py export              # models/latent-gen-small.safetensors
 
-Training material is the default VAE's own kind (tools/train_default_vae.py): still photographs from Debian
-wallpaper packages turned into clips by synthetic camera motion, occluding objects, cuts and lighting ramps.
+Training material is the default VAE's own kind (models/recipes/train_default_vae.py): still photographs from
+Debian wallpaper packages turned into clips by synthetic camera motion, occluding objects, cuts and lighting ramps.
 The clips are encoded by the default VAE (models/latent-tiny-wan.safetensors) to posterior means in diffusion
-space, (z - latents_mean) / latents_std, which is what vaeencode hands out and vaedecode takes: the generator
-makes exactly what the decoder expects. Every tenth photograph is held out; clips made from those are the
-held-out set of tools/eval_generator.py and never reach training.
+space, (z - latents_mean) / latents_std, which is what vaeencode hands out and vaedecode takes: the generator makes
+exactly what the decoder expects. Every tenth photograph is held out; clips made from those are the held-out set of
+models/recipes/eval_generator.py and never reach training.
 
 Objective: flow matching (x_s = (1 - s) x0 + s noise, target noise - x0, timestep 1000 s) with one noise level
 per latent frame, drawn so that the model sees what each schedule gives it: independent levels, one shared level
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-TOP = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(TOP / "tools"))
+TOP = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen_small_model as gsm  # noqa: E402
 import train_default_vae as tdv  # noqa: E402
@@ -229,8 +229,8 @@ def cmd_export(args):
         "training_steps": str(state["step"]),
         "training_minutes": f"{state['seconds'] / 60:.1f}",
         "training_data": f"{bank['train'].shape[0]} clips of {CLIP_FRAMES} frames at {SIZE}x{SIZE} from "
-                         f"{bank['photos']['train']} photographs (tools/train_default_vae.py's packages), encoded by "
-                         "latent-tiny-wan",
+                         f"{bank['photos']['train']} photographs (models/recipes/train_default_vae.py's packages), "
+                         "encoded by latent-tiny-wan",
     }
     # window: latent frames per call. Training windows were WINDOW long; the causal model accepts any count, and
     # at WINDOW a fifo iteration of 20 levels takes 3 calls.
@@ -243,7 +243,7 @@ def main():
     ap.add_argument("command", choices=["prepare", "train", "export"])
     ap.add_argument("--work", default=str(TOP / "build" / "train-default-generator"))
     ap.add_argument("--vae-work", default=str(TOP / "build" / "train-default-vae"),
-                    help="where tools/train_default_vae.py prepare keeps the photographs")
+                    help="where models/recipes/train_default_vae.py prepare keeps the photographs")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--prepare-minutes", type=float, default=8.0, help="encoding budget of the training bank")
     ap.add_argument("--heldout-clips", type=int, default=96)
