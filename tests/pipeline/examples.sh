@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The example scripts run as documented: file -> latents -> mp4, generation -> mp4, and the live round trip to a
-# (fake) screen.
-# usage: examples.sh SOURCE_DIR MODEL
+# (fake) screen; then the embedding application (examples/embed), built by meson, reads latents from an appsink.
+# usage: examples.sh SOURCE_DIR MODEL ENCODE_TO_APPSINK
 set -euo pipefail
-src=$1 model=$2
+src=$1 model=$2 embed=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 gst-launch-1.0 -q videotestsrc num-buffers=9 ! video/x-raw,width=64,height=48 ! videoconvert ! x264enc ! mp4mux ! \
@@ -24,4 +24,15 @@ n=$(gst-launch-1.0 -v filesrc location="$dir/gen.mp4" ! qtdemux ! avdec_mpeg4 ! 
 # A live source never ends by itself: the sink stops after 6 frames and the script must then exit cleanly.
 timeout 120 "$src/examples/round-trip-to-screen.sh" "$model" "fakesink num-buffers=6" >"$dir/live.log" 2>&1 \
   || { cat "$dir/live.log"; echo "FAIL: live round trip"; exit 1; }
+# 17 frames: the first latent covers frame 0 alone, each further one 4 frames, so 5 latents of 16 x 8 x 8.
+embed_fail() {
+  cat "$dir/embed.log"
+  echo "FAIL: embedding application: $*"
+  exit 1
+}
+"$embed" 17 64 64 "$model" >"$dir/embed.log" 2>&1 || embed_fail "exit status $?"
+n=$(grep -c '^latent [0-9]*: 16x8x8 F32' "$dir/embed.log" || true)
+[ "$n" -eq 5 ] || embed_fail "$n latents of 16x8x8, 5 expected"
+grep -q '^5 latents (16x8x8 F32) for 17 frames of 64x64, covering 17 frames$' "$dir/embed.log" \
+  || embed_fail "no summary line of 5 latents covering 17 frames"
 echo PASS
