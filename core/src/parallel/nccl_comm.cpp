@@ -145,7 +145,8 @@ class NcclCommunicator : public Communicator {
   void finish(const c10::intrusive_ptr<c10d::Work>& work, const char* op) {
     if (!work) return;
     const auto deadline = Clock::now() + timeout_;
-    for (auto pause = std::chrono::microseconds(10);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
+    // Short pauses: a chunk makes hundreds of exchanges, and each pause past the work's end is added to it.
+    for (auto pause = std::chrono::microseconds(5);; pause = std::min(pause * 2, std::chrono::microseconds(100))) {
       if (cut_) throw_cut();
       if (work->isCompleted()) break;
       check_peers();
