@@ -11,6 +11,7 @@
 #include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
+#include "held_events.h"
 #include "latent/vae/streaming.h"
 #include "latent_caps.h"
 #include "model_glue.h"
@@ -26,8 +27,8 @@ namespace {
 
 enum {
   PROP_CHUNK_LATENTS = latent::gst::PROP_FIRST_FREE,
-  PROP_FRAMES_PROCESSED,
-  PROP_LATENTS_PROCESSED,
+  PROP_LATENTS_IN,
+  PROP_FRAMES_OUT,
   PROP_MEAN_CHUNK_LATENCY,
 };
 
@@ -36,6 +37,7 @@ struct Pending {
   GstClockTime pts;
   uint64_t offset;  // source index of its first frame, GST_BUFFER_OFFSET_NONE if unknown
   int64_t frames;
+  uint64_t index;  // latent number in the stream
 };
 
 struct Impl {
@@ -49,11 +51,16 @@ struct Impl {
   GstVideoInfo out{};
   std::deque<Pending> pending;
   int64_t emitted_of_front = 0;  // frames of pending.front() already pushed
+  uint64_t next_latent = 0;      // stream number of the next latent in
+  uint64_t done_latents = 0;     // latents of the stream whose frames have all gone out
   bool discont = true;
+  latent::gst::HeldEvents held;  // serialized events behind latents not yet decoded
 
   std::atomic<guint64> frames{0}, latents{0};
   latent::gst::ChunkStats stats;
-  latent::gst::LatencyAnnouncer latency;
+  latent::gst::LatencyBound compute;
+  // Frames held before the first comes out, as time: set by the streaming thread, read by LATENCY queries.
+  std::atomic<GstClockTime> hold_time{0};
 };
 
 }  // namespace
@@ -76,16 +83,32 @@ GstClockTime frame_duration(const Impl& s) {
   return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.out), GST_VIDEO_INFO_FPS_N(&s.out));
 }
 
-// The decoder holds up to one chunk of latents (3 for CogVideoX) before frames come out.
-GstClockTime our_latency(const Impl& s) {
-  GstClockTime frame = frame_duration(s);
-  if (!s.model || !s.in || !GST_CLOCK_TIME_IS_VALID(frame)) return s.stats.mean();
+// The decoder holds up to one chunk of latents (3 for CogVideoX) before frames come out, then computes for up to
+// the compute bound. Read from any thread.
+GstClockTime our_latency(const Impl& s) { return s.hold_time.load() + s.compute.announced(); }
+
+// The streaming thread's part, once the caps are known.
+void update_hold_time(Impl& s) {
+  const GstClockTime frame = frame_duration(s);
+  if (!s.model || !s.in || !GST_CLOCK_TIME_IS_VALID(frame)) {
+    s.hold_time = 0;
+    return;
+  }
   const latent::ChunkRule& r = s.model->spec().decode_chunks;
   const int64_t held = std::max(r.first, r.step) - 1;
-  return GstClockTime(held * s.in->temporal_factor) * frame + s.stats.mean();
+  s.hold_time = GstClockTime(held * s.in->temporal_factor) * frame;
 }
 
-void maybe_post_latency(GstVaeDecode* self) { self->impl->latency.update(GST_ELEMENT(self), our_latency(*self->impl)); }
+void record_compute_time(GstVaeDecode* self, std::chrono::steady_clock::duration d) {
+  Impl& s = *self->impl;
+  s.stats.add(d);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  if (s.compute.add(GstClockTime(ns)))
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+}
+
+// Whether latents are held whose frames have not all gone out (serialized events then wait behind them).
+bool holding(const Impl& s) { return s.next_latent > s.done_latents || !s.held.empty(); }
 
 // Pushes decoded frames, stamping them from the latents they came from.
 GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
@@ -110,6 +133,11 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
       }
     }
     s.emitted_of_front++;
+    if (!s.pending.empty()) {
+      // Events that came in before this frame's latent go out ahead of it.
+      s.held.release_before(self->srcpad, s.pending.front().index + 1);
+      if (s.emitted_of_front >= s.pending.front().frames) s.done_latents = s.pending.front().index + 1;
+    }
     latent::gst::BufferPtr buf(gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&s.out), nullptr));
     {
       latent::gst::VideoFrameMap frame(&s.out, buf.get(), GST_MAP_WRITE);
@@ -133,27 +161,27 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
   return GST_FLOW_OK;
 }
 
-void reset_clip(Impl& s) {
-  if (s.decoder) s.decoder->reset();
+// Starts a new clip. Resetting a patch-parallel group re-forms it, which can fail: false after an ERROR message.
+bool reset_clip(GstVaeDecode* self) {
+  Impl& s = *self->impl;
   s.pending.clear();
   s.emitted_of_front = 0;
+  s.done_latents = s.next_latent;
   s.discont = true;
+  return !s.decoder || latent::gst::guarded(GST_ELEMENT(self), "starting a new clip", [&] { s.decoder->reset(); });
 }
 
+// Decodes what is held, lets the events held behind it go and starts a new clip.
 GstFlowReturn drain(GstVaeDecode* self) {
   Impl& s = *self->impl;
-  if (!s.decoder || s.decoder->pending_latents() == 0) {
-    reset_clip(s);
-    return GST_FLOW_OK;
-  }
-  GstFlowReturn ret;
-  try {
-    ret = push_frames(self, s.decoder->finish());
-  } catch (const std::exception& e) {
-    latent::gst::post_exception(GST_ELEMENT(self), "decoding the end of the clip", e);
+  GstFlowReturn ret = GST_FLOW_OK;
+  if (s.decoder && s.decoder->pending_latents() > 0 &&
+      !latent::gst::guarded(GST_ELEMENT(self), "decoding the end of the clip",
+                            [&] { ret = push_frames(self, s.decoder->finish()); }))
     ret = GST_FLOW_ERROR;
-  }
-  reset_clip(s);
+  s.done_latents = s.next_latent;
+  s.held.release_all(self->srcpad);
+  if (!reset_clip(self) && ret == GST_FLOW_OK) ret = GST_FLOW_ERROR;
   return ret;
 }
 
@@ -182,19 +210,20 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
     const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
     const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
-    s.pending.push_back({stamp.pts, stamp.first_frame, real});
+    s.pending.push_back({stamp.pts, stamp.first_frame, real, s.next_latent});
     auto t0 = std::chrono::steady_clock::now();
     torch::Tensor frames = s.decoder->push(z, {real});  // copies z, so the latent can go back upstream
     map.release();
     buf.reset();
     s.latents++;
-    if (frames.defined()) {
-      s.stats.add(std::chrono::steady_clock::now() - t0);
-      maybe_post_latency(self);
-    }
+    s.next_latent++;
+    if (frames.defined()) record_compute_time(self, std::chrono::steady_clock::now() - t0);
     ret = push_frames(self, frames);
   } catch (const std::exception& e) {
     latent::gst::post_exception(GST_ELEMENT(self), "decoding", e);
+    ret = GST_FLOW_ERROR;
+  } catch (...) {
+    latent::gst::post_exception(GST_ELEMENT(self), "decoding", std::runtime_error("an exception of unknown type"));
     ret = GST_FLOW_ERROR;
   }
   return ret;
@@ -230,7 +259,7 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
                                          s.models.size()))
     return false;
   if (s.in && drain(self) != GST_FLOW_OK) return false;
-  reset_clip(s);
+  if (!reset_clip(self)) return false;
   s.in = info;
   // The video size is the source's; latents of other grids decode to spatial_factor times their size.
   int w = info->video_width > 0 ? info->video_width : info->width * info->spatial_factor;
@@ -259,12 +288,12 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
   gst_video_info_from_caps(&s.out, chosen);
   bool ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(chosen));
   gst_caps_unref(chosen);
-  maybe_post_latency(self);
+  update_hold_time(s);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
   return ok;
 }
 
-gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
-  auto* self = GST_VAE_DECODE(parent);
+gboolean handle_sink_event(GstVaeDecode* self, GstPad* pad, GstEvent* event) {
   Impl& s = *self->impl;
   switch (GST_EVENT_TYPE(event)) {
     case GST_EVENT_CAPS: {
@@ -274,11 +303,79 @@ gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
       gst_event_unref(event);
       return ok;
     }
-    case GST_EVENT_EOS: drain(self); break;
-    case GST_EVENT_FLUSH_STOP: reset_clip(s); break;
-    default: break;
+    // As in vaeencode: the held latents are decoded under the segment they belong to before the stream or
+    // segment changes, and the next stream starts with fresh caches. Errors are posted; the event goes on.
+    case GST_EVENT_EOS:
+    case GST_EVENT_SEGMENT_DONE:
+    case GST_EVENT_STREAM_START:
+    case GST_EVENT_SEGMENT: drain(self); break;
+    case GST_EVENT_FLUSH_STOP:
+      s.held.flush();
+      s.next_latent = 0;
+      reset_clip(self);
+      break;
+    default:
+      if (latent::gst::waits_behind_data(event) && holding(s)) {
+        GST_DEBUG_OBJECT(self, "holding %" GST_PTR_FORMAT " behind %" G_GUINT64_FORMAT " latents", event,
+                         s.next_latent - s.done_latents);
+        s.held.hold(event, s.next_latent);
+        return TRUE;
+      }
+      break;
   }
-  return gst_pad_event_default(pad, parent, event);
+  return gst_pad_event_default(pad, GST_OBJECT(self), event);
+}
+
+gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
+  auto* self = GST_VAE_DECODE(parent);
+  gboolean ok = FALSE;
+  if (!latent::gst::guarded(GST_ELEMENT(self), "handling an event", [&] { ok = handle_sink_event(self, pad, event); }))
+    return FALSE;
+  return ok;
+}
+
+// The latents the loaded model decodes: its model id, channels and factors (any of them before READY).
+GstCaps* decodable_caps(GstVaeDecode* self) {
+  GST_OBJECT_LOCK(self);
+  std::shared_ptr<const latent::Vae> model = self->impl->model;
+  GST_OBJECT_UNLOCK(self);
+  if (!model) return gst_pad_get_pad_template_caps(self->sinkpad);
+  const latent::VaeSpec& spec = model->spec();
+  GstCaps* caps = gst_caps_from_string(latent::gst::latent_template_caps_string(spec.model_id).c_str());
+  gst_caps_set_simple(caps, "channels", G_TYPE_INT, int(spec.latent_channels), "temporal-factor", G_TYPE_INT,
+                      int(spec.temporal_factor), "spatial-factor", G_TYPE_INT, int(spec.spatial_factor), nullptr);
+  return caps;
+}
+
+// A CAPS query names the loaded model, so an upstream that negotiates (videogen) sees the mismatch and says so.
+// ACCEPT_CAPS still takes any latent caps of the template: latents of another model then reach set_latent_caps,
+// which refuses them with a message that names both models, instead of a bare not-negotiated.
+gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  auto* self = GST_VAE_DECODE(parent);
+  switch (GST_QUERY_TYPE(query)) {
+    case GST_QUERY_CAPS: {
+      GstCaps* filter = nullptr;
+      gst_query_parse_caps(query, &filter);
+      GstCaps* caps = decodable_caps(self);
+      if (filter) {
+        GstCaps* both = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
+        gst_caps_unref(caps);
+        caps = both;
+      }
+      gst_query_set_caps_result(query, caps);
+      gst_caps_unref(caps);
+      return TRUE;
+    }
+    case GST_QUERY_ACCEPT_CAPS: {
+      GstCaps* caps = nullptr;
+      gst_query_parse_accept_caps(query, &caps);
+      GstCaps* templ = gst_pad_get_pad_template_caps(pad);
+      gst_query_set_accept_caps_result(query, gst_caps_is_fixed(caps) && gst_caps_is_subset(caps, templ));
+      gst_caps_unref(templ);
+      return TRUE;
+    }
+    default: return gst_pad_query_default(pad, parent, query);
+  }
 }
 
 gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
@@ -295,7 +392,9 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_NULL_TO_READY:
       s.models = latent::gst::acquire_models_locked(element, s.settings);
       if (s.models.empty()) return GST_STATE_CHANGE_FAILURE;
+      GST_OBJECT_LOCK(self);  // caps queries read it from other threads
       s.model = s.models[0];
+      GST_OBJECT_UNLOCK(self);
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
@@ -306,9 +405,11 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       if (!s.decoder) return GST_STATE_CHANGE_FAILURE;
       s.in.reset();
       s.frames = s.latents = 0;
+      s.next_latent = s.done_latents = 0;
       s.stats.reset();
-      s.latency = {};
-      reset_clip(s);
+      s.compute.reset();
+      s.hold_time = 0;
+      if (!reset_clip(self)) return GST_STATE_CHANGE_FAILURE;
       break;
     }
     default: break;
@@ -318,10 +419,13 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_PAUSED_TO_READY:
       s.decoder.reset();
       s.pending.clear();
+      s.held.clear();
       s.in.reset();
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
+      GST_OBJECT_LOCK(self);
       s.model.reset();
+      GST_OBJECT_UNLOCK(self);
       s.models.clear();
       break;
     default: break;
@@ -352,8 +456,8 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
       g_value_set_uint(value, s.chunk_latents);
       GST_OBJECT_UNLOCK(self);
       break;
-    case PROP_FRAMES_PROCESSED: g_value_set_uint64(value, s.frames.load()); break;
-    case PROP_LATENTS_PROCESSED: g_value_set_uint64(value, s.latents.load()); break;
+    case PROP_FRAMES_OUT: g_value_set_uint64(value, s.frames.load()); break;
+    case PROP_LATENTS_IN: g_value_set_uint64(value, s.latents.load()); break;
     case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -388,13 +492,13 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
                         "native 2-latent chunks. 1 keeps memory lowest; more can be faster on a GPU",
                         1, 256, 1, rw));
   g_object_class_install_property(
-      gobject, PROP_FRAMES_PROCESSED,
-      g_param_spec_uint64("frames-processed", "Frames processed", "Video frames pushed since READY->PAUSED", 0,
-                          G_MAXUINT64, 0, ro));
+      gobject, PROP_LATENTS_IN,
+      g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
-      gobject, PROP_LATENTS_PROCESSED,
-      g_param_spec_uint64("latents-processed", "Latents processed", "Latent frames received since READY->PAUSED", 0,
-                          G_MAXUINT64, 0, ro));
+      gobject, PROP_FRAMES_OUT,
+      g_param_spec_uint64("frames-out", "Frames out", "Video frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
       gobject, PROP_MEAN_CHUNK_LATENCY,
       g_param_spec_uint64("mean-chunk-latency", "Mean chunk latency",
@@ -426,6 +530,7 @@ static void gst_vae_decode_init(GstVaeDecode* self) {
   self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
   gst_pad_set_chain_function(self->sinkpad, chain);
   gst_pad_set_event_function(self->sinkpad, sink_event);
+  gst_pad_set_query_function(self->sinkpad, sink_query);
   gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
   self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
   gst_pad_set_query_function(self->srcpad, src_query);

@@ -12,6 +12,7 @@
 #include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
+#include "held_events.h"
 #include "latent/vae/streaming.h"
 #include "latent_caps.h"
 #include "model_glue.h"
@@ -28,8 +29,8 @@ enum {
   PROP_SAMPLE = latent::gst::PROP_FIRST_FREE,
   PROP_SEED,
   PROP_CHUNK_FRAMES,
-  PROP_FRAMES_PROCESSED,
-  PROP_LATENTS_PRODUCED,
+  PROP_FRAMES_IN,
+  PROP_LATENTS_OUT,
   PROP_MEAN_CHUNK_LATENCY,
 };
 
@@ -55,11 +56,15 @@ struct Impl {
   int64_t times_first = 0;
   uint64_t clip_base = 0;    // stream index of the current clip's frame 0
   uint64_t next_source = 0;  // stream index of the next frame
+  uint64_t emitted_end = 0;  // stream index past the last frame a pushed latent covers
   bool discont = true;
+  latent::gst::HeldEvents held;  // serialized events behind frames not yet encoded
 
   std::atomic<guint64> frames{0}, latents{0};
   latent::gst::ChunkStats stats;
-  latent::gst::LatencyAnnouncer latency;
+  latent::gst::LatencyBound compute;
+  // Frames held before a latent can go out, as time: set by the streaming thread, read by LATENCY queries.
+  std::atomic<GstClockTime> hold_time{0};
 };
 
 }  // namespace
@@ -88,14 +93,26 @@ GstClockTime frame_duration(const Impl& s) {
   return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.video), GST_VIDEO_INFO_FPS_N(&s.video));
 }
 
-// Frames held back before a latent can be emitted, plus the time to compute one chunk.
-GstClockTime our_latency(const Impl& s) {
-  GstClockTime frame = frame_duration(s);
-  if (!s.encoder || !GST_CLOCK_TIME_IS_VALID(frame)) return s.stats.mean();
-  return GstClockTime(s.encoder->max_delay_frames()) * frame + s.stats.mean();
+// Frames held back before a latent can be emitted, plus a bound on the time to compute one chunk. Read from any
+// thread.
+GstClockTime our_latency(const Impl& s) { return s.hold_time.load() + s.compute.announced(); }
+
+// The streaming thread's part: what the caps and the encoder make the hold time.
+void update_hold_time(Impl& s) {
+  const GstClockTime frame = frame_duration(s);
+  s.hold_time = s.encoder && GST_CLOCK_TIME_IS_VALID(frame) ? GstClockTime(s.encoder->max_delay_frames()) * frame : 0;
 }
 
-void maybe_post_latency(GstVaeEncode* self) { self->impl->latency.update(GST_ELEMENT(self), our_latency(*self->impl)); }
+void record_compute_time(GstVaeEncode* self, std::chrono::steady_clock::duration d) {
+  Impl& s = *self->impl;
+  s.stats.add(d);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  if (s.compute.add(GstClockTime(ns)))
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+}
+
+// Whether frames are held that no pushed latent covers yet (serialized events then wait behind them).
+bool holding(const Impl& s) { return s.next_source > s.emitted_end || !s.held.empty(); }
 
 GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out) {
   Impl& s = *self->impl;
@@ -120,6 +137,8 @@ GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out
         stamp.pts = last.pts + last.duration;
       stamp.duration = 0;
     }
+    // Events that came in before a frame this latent covers go out ahead of it.
+    s.held.release_before(self->srcpad, std::max(stamp.end_frame, stamp.first_frame + 1));
     GstBuffer* buf = latent::gst::buffer_wrapping_tensor(cpu[i].contiguous());
     latent::gst::apply_stamp(buf, stamp);
     if (s.discont) {
@@ -132,35 +151,39 @@ GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out
       ++s.times_first;
     }
     s.latents++;
+    s.emitted_end = std::max(s.emitted_end, stamp.end_frame);
     GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
     if (ret != GST_FLOW_OK) return ret;
   }
   return GST_FLOW_OK;
 }
 
-// Encodes what is pending (padding the tail) and starts a new clip.
+// Encodes what is pending (padding the tail), then lets the events held behind it go.
 GstFlowReturn drain(GstVaeEncode* self) {
   Impl& s = *self->impl;
-  if (!s.encoder || s.encoder->frames_in() == 0) return GST_FLOW_OK;
   GstFlowReturn ret = GST_FLOW_OK;
-  try {
-    ret = push_latents(self, s.encoder->finish());
-  } catch (const std::exception& e) {
-    latent::gst::post_exception(GST_ELEMENT(self), "encoding the end of the clip", e);
-    ret = GST_FLOW_ERROR;
+  if (s.encoder && s.encoder->frames_in() > 0) {
+    if (!latent::gst::guarded(GST_ELEMENT(self), "encoding the end of the clip",
+                              [&] { ret = push_latents(self, s.encoder->finish()); }))
+      ret = GST_FLOW_ERROR;
   }
+  s.emitted_end = s.next_source;
+  s.held.release_all(self->srcpad);
   s.times.clear();
   s.times_first = 0;
   s.clip_base = s.next_source;
   return ret;
 }
 
-void reset_clip(Impl& s) {
-  if (s.encoder) s.encoder->reset();
+// Starts a new clip. Resetting a patch-parallel group re-forms it, which can fail: false after an ERROR message.
+bool reset_clip(GstVaeEncode* self) {
+  Impl& s = *self->impl;
   s.times.clear();
   s.times_first = 0;
   s.clip_base = s.next_source;
+  s.emitted_end = s.next_source;
   s.discont = true;
+  return !s.encoder || latent::gst::guarded(GST_ELEMENT(self), "starting a new clip", [&] { s.encoder->reset(); });
 }
 
 GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
@@ -195,13 +218,13 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     s.frames++;
     auto t0 = std::chrono::steady_clock::now();
     latent::EncodedLatents out = s.encoder->push(x);
-    if (out.size() > 0) {
-      s.stats.add(std::chrono::steady_clock::now() - t0);
-      maybe_post_latency(self);
-    }
+    if (out.size() > 0) record_compute_time(self, std::chrono::steady_clock::now() - t0);
     ret = push_latents(self, out);
   } catch (const std::exception& e) {
     latent::gst::post_exception(GST_ELEMENT(self), "encoding", e);
+    ret = GST_FLOW_ERROR;
+  } catch (...) {
+    latent::gst::post_exception(GST_ELEMENT(self), "encoding", std::runtime_error("an exception of unknown type"));
     ret = GST_FLOW_ERROR;
   }
   return ret;
@@ -231,9 +254,10 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
     return false;
   // New caps mid-stream: what was encoded under the old caps is finished first.
   if (s.have_video && drain(self) != GST_FLOW_OK) return false;
-  reset_clip(s);
+  if (!reset_clip(self)) return false;
   s.video = info;
   s.have_video = true;
+  update_hold_time(s);
 
   const latent::VaeSpec& spec = s.model->spec();
   LatentCapsInfo out;
@@ -252,12 +276,11 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
   GstCaps* latent_caps = out.to_caps();
   bool ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(latent_caps));
   gst_caps_unref(latent_caps);
-  maybe_post_latency(self);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
   return ok;
 }
 
-gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
-  auto* self = GST_VAE_ENCODE(parent);
+gboolean handle_sink_event(GstVaeEncode* self, GstPad* pad, GstEvent* event) {
   Impl& s = *self->impl;
   switch (GST_EVENT_TYPE(event)) {
     case GST_EVENT_CAPS: {
@@ -267,18 +290,39 @@ gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
       gst_event_unref(event);
       return ok;
     }
+    // The end of a stream or segment, or the start of another, ends the clip: the held frames are encoded and
+    // pushed under the segment they belong to, and the next stream's frames start with fresh caches. Errors are
+    // posted; the event still goes on, so an EOS ends the pipeline.
     case GST_EVENT_EOS:
-      drain(self);  // errors are posted; EOS still goes on so the pipeline ends
-      reset_clip(s);
+    case GST_EVENT_SEGMENT_DONE:
+    case GST_EVENT_STREAM_START:
+    case GST_EVENT_SEGMENT:
+      drain(self);
+      reset_clip(self);
       break;
     case GST_EVENT_FLUSH_STOP:
-      reset_clip(s);
+      s.held.flush();
       s.next_source = 0;
-      s.clip_base = 0;
+      reset_clip(self);
       break;
-    default: break;
+    default:
+      if (latent::gst::waits_behind_data(event) && holding(s)) {
+        GST_DEBUG_OBJECT(self, "holding %" GST_PTR_FORMAT " behind %" G_GUINT64_FORMAT " frames", event,
+                         s.next_source - s.emitted_end);
+        s.held.hold(event, s.next_source);
+        return TRUE;
+      }
+      break;
   }
-  return gst_pad_event_default(pad, parent, event);
+  return gst_pad_event_default(pad, GST_OBJECT(self), event);
+}
+
+gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
+  auto* self = GST_VAE_ENCODE(parent);
+  gboolean ok = FALSE;
+  if (!latent::gst::guarded(GST_ELEMENT(self), "handling an event", [&] { ok = handle_sink_event(self, pad, event); }))
+    return FALSE;
+  return ok;
 }
 
 gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
@@ -318,8 +362,9 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.next_source = s.clip_base = 0;
       s.frames = s.latents = 0;
       s.stats.reset();
-      s.latency = {};
-      reset_clip(s);
+      s.compute.reset();
+      s.hold_time = 0;
+      if (!reset_clip(self)) return GST_STATE_CHANGE_FAILURE;
       break;
     }
     default: break;
@@ -329,6 +374,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_PAUSED_TO_READY:
       s.encoder.reset();
       s.times.clear();
+      s.held.clear();
       s.have_video = false;
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
@@ -363,8 +409,8 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_SAMPLE: g_value_set_boolean(value, s.sample); break;
     case PROP_SEED: g_value_set_uint64(value, s.seed); break;
     case PROP_CHUNK_FRAMES: g_value_set_uint(value, s.chunk_frames); break;
-    case PROP_FRAMES_PROCESSED: g_value_set_uint64(value, s.frames.load()); break;
-    case PROP_LATENTS_PRODUCED: g_value_set_uint64(value, s.latents.load()); break;
+    case PROP_FRAMES_IN: g_value_set_uint64(value, s.frames.load()); break;
+    case PROP_LATENTS_OUT: g_value_set_uint64(value, s.latents.load()); break;
     case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -409,13 +455,13 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
                         "memory. CogVideoX always runs its native 8-frame chunks",
                         1, 1024, 8, rw));
   g_object_class_install_property(
-      gobject, PROP_FRAMES_PROCESSED,
-      g_param_spec_uint64("frames-processed", "Frames processed", "Video frames received since READY->PAUSED", 0,
-                          G_MAXUINT64, 0, ro));
+      gobject, PROP_FRAMES_IN,
+      g_param_spec_uint64("frames-in", "Frames in", "Video frames received since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
-      gobject, PROP_LATENTS_PRODUCED,
-      g_param_spec_uint64("latents-produced", "Latents produced", "Latent frames pushed since READY->PAUSED", 0,
-                          G_MAXUINT64, 0, ro));
+      gobject, PROP_LATENTS_OUT,
+      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
       gobject, PROP_MEAN_CHUNK_LATENCY,
       g_param_spec_uint64("mean-chunk-latency", "Mean chunk latency",

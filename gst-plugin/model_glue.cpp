@@ -34,33 +34,38 @@ void install_model_properties(GObjectClass* klass, const char* direction) {
   install_model_properties(klass, blurb);
 }
 
+// The model, device, dtype and devices are read when the model loads, at NULL->READY: a change in READY would
+// only take effect after going through NULL, so they carry no MUTABLE_READY flag and their blurbs say so.
+constexpr const char* kReadAtLoad = ". Read at NULL->READY: set it in the NULL state";
+
 void install_model_properties(GObjectClass* klass, const std::string& model_blurb) {
-  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS);
   // GObject keeps the blurb pointer for the life of the class.
-  const char* blurb = g_intern_string(model_blurb.c_str());
+  const char* blurb = g_intern_string((model_blurb + kReadAtLoad).c_str());
   g_object_class_install_property(klass, PROP_MODEL, g_param_spec_string("model", "Model", blurb, nullptr, flags));
   g_object_class_install_property(
       klass, PROP_DEVICE,
       g_param_spec_string("device", "Device",
                           "Where to compute: auto (the first GPU if any, else the CPU), cpu, cuda, cuda:N. A device "
-                          "that is missing is an error, never a silent fallback",
+                          "that is missing is an error, never a silent fallback. Read at NULL->READY: set it in the "
+                          "NULL state",
                           "auto", flags));
   g_object_class_install_property(
       klass, PROP_DTYPE,
       g_param_spec_string("dtype", "Compute dtype",
                           "auto (float32 on the CPU, bfloat16 on a GPU), float32, float16 or bfloat16; also the "
-                          "format of the latents on the wire",
+                          "format of the latents on the wire. Read at NULL->READY: set it in the NULL state",
                           "auto", flags));
 }
 
 void install_parallel_properties(GObjectClass* klass, const char* example) {
-  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS);
   const std::string blurb =
       "Runs one stream across several devices (patch parallel): a comma-separated list, one rank per entry, each "
       "computing a band of every frame's rows and exchanging the rows at its borders with its neighbours; the "
       "result equals one device's. CUDA devices talk over NCCL; cpu entries (or repeats of one GPU) over an "
-      "in-process backend. Unset or one entry: the 'device' property. Example: " +
-      std::string(example);
+      "in-process backend. Unset or one entry: the 'device' property" +
+      std::string(kReadAtLoad) + ". Example: " + std::string(example);
   g_object_class_install_property(
       klass, PROP_DEVICES, g_param_spec_string("devices", "Devices", g_intern_string(blurb.c_str()), nullptr, flags));
   g_object_class_install_property(
@@ -68,7 +73,7 @@ void install_parallel_properties(GObjectClass* klass, const char* example) {
       g_param_spec_uint("rank-timeout", "Rank timeout",
                         "Seconds a rank waits for another (with devices) before the element fails with an error "
                         "instead of hanging",
-                        1, 24 * 3600, 60, flags));
+                        1, 24 * 3600, 60, GParamFlags(flags | GST_PARAM_MUTABLE_READY)));
 }
 
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value) {
@@ -282,12 +287,6 @@ bool check_rows_for_ranks(GstElement* element, const Vae& model, int64_t height,
        static_cast<long long>(int64_t(ranks) * model.spec().spatial_factor), static_cast<long long>(rows)),
       ("use fewer devices or taller frames"));
   return false;
-}
-
-void LatencyAnnouncer::update(GstElement* element, GstClockTime now) {
-  if (GST_CLOCK_TIME_IS_VALID(last) && (now > last ? now - last : last - now) < GST_MSECOND) return;
-  last = now;
-  gst_element_post_message(element, gst_message_new_latency(GST_OBJECT(element)));
 }
 
 gboolean answer_latency_query(GstPad* sinkpad, GstQuery* query, GstClockTime ours) {

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
+#include "latency.h"
 #include "latent/parallel/comm.h"
 #include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"
@@ -62,6 +64,21 @@ std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSetting
 // Posts the ERROR message for an exception caught at the element boundary while streaming.
 void post_exception(GstElement* element, const char* doing, const std::exception& e);
 
+// Runs `f` at the element boundary: an exception becomes an ERROR message and false, never a C++ exception
+// unwinding through GStreamer's C frames (std::terminate).
+template <class F>
+bool guarded(GstElement* element, const char* doing, F&& f) noexcept {
+  try {
+    f();
+    return true;
+  } catch (const std::exception& e) {
+    post_exception(element, doing, e);
+  } catch (...) {
+    post_exception(element, doing, std::runtime_error("an exception of unknown type"));
+  }
+  return false;
+}
+
 LatentFormat latent_format_for(c10::ScalarType dtype);
 
 // Loads the model for the settings as they stand (read under the object lock) at NULL->READY.
@@ -92,13 +109,6 @@ struct ChunkStats {
     guint64 n = chunks.load();
     return n ? GstClockTime(compute_ns.load() / n) : 0;
   }
-};
-
-// Posts a LATENCY message when the element's own latency moves by more than a millisecond, so live sinks
-// re-query without a message per chunk.
-struct LatencyAnnouncer {
-  GstClockTime last = GST_CLOCK_TIME_NONE;
-  void update(GstElement* element, GstClockTime now);
 };
 
 // The LATENCY query of a filter: upstream's answer plus `ours`.
