@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 
@@ -40,7 +41,7 @@ enum {
   PROP_CONTEXT,
   PROP_PROMPT_EMBEDS,
   PROP_IS_LIVE,
-  PROP_LATENTS_GENERATED,
+  PROP_LATENTS_OUT,
   PROP_MODEL_CALLS,
   PROP_MEAN_CALL_TIME,
 };
@@ -78,14 +79,24 @@ struct Impl {
   Settings settings;  // object lock
 
   std::shared_ptr<const latent::Denoiser> denoiser;
+  // Set by start() and cleared by stop(), which basesrc never runs beside create(); unlock() reaches the
+  // generator from another thread, so the three take run_lock where they touch it.
   std::optional<Run> run;
+  std::mutex run_lock;
+  GstCaps* caps = nullptr;  // what the run makes, for caps queries from any thread; object lock
   std::deque<latent::GeneratedFrame> pending;
   uint64_t emitted = 0;  // latents pushed since the start or the last seek
   bool discont = true;
-  GstClockTime first_latent_time = 0;  // measured in a live start(); the LATENCY answer
+  // Whether a generator step has completed since the start or the last seek: the first includes the warm-up
+  // and, with fifo, the queue filling up, so only later ones bound the steady-state latency.
+  bool warm = false;
+  // Live: running time of the first latent minus its stream time, so timestamps follow the clock from when
+  // the first latent exists rather than from when the model started.
+  GstClockTime live_offset = GST_CLOCK_TIME_NONE;
 
   std::atomic<guint64> latents{0}, calls{0};
   latent::gst::ChunkStats stats;
+  latent::gst::LatencyBound step_time;  // generator steps that hand out latents, in steady state
 };
 
 }  // namespace
@@ -242,12 +253,27 @@ void generate(GstVideoGen* self) {
   const int64_t calls_before = s.run->generator->model_calls();
   auto t0 = std::chrono::steady_clock::now();
   for (auto& f : s.run->generator->next()) s.pending.push_back(std::move(f));
+  const auto took = std::chrono::steady_clock::now() - t0;
   const int64_t calls = s.run->generator->model_calls() - calls_before;
   s.calls += guint64(calls);
   if (calls > 0) {
-    const auto per_call = (std::chrono::steady_clock::now() - t0) / calls;
+    const auto per_call = took / calls;
     for (int64_t i = 0; i < calls; ++i) s.stats.add(per_call);
   }
+  // A live sink must wait at most one step for a latent: the longest recent step bounds the latency.
+  if (s.warm && gst_base_src_is_live(GST_BASE_SRC(self)) &&
+      s.step_time.add(GstClockTime(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count())))
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+  s.warm = true;
+}
+
+// Running time now on the pipeline clock; 0 without one.
+GstClockTime running_time_now(GstElement* element) {
+  GstClock* clock = gst_element_get_clock(element);
+  if (!clock) return 0;
+  const GstClockTime now = gst_clock_get_time(clock), base = gst_element_get_base_time(element);
+  gst_object_unref(clock);
+  return now > base ? now - base : 0;
 }
 
 GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
@@ -262,8 +288,16 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
     }
     const latent::GeneratedFrame frame = std::move(s.pending.front());
     s.pending.pop_front();
+    LatentFrameStamp stamp = stamp_for(*s.run, uint64_t(frame.index));
+    if (gst_base_src_is_live(GST_BASE_SRC(self))) {
+      if (!GST_CLOCK_TIME_IS_VALID(s.live_offset)) {
+        const GstClockTime now = running_time_now(GST_ELEMENT(self));
+        s.live_offset = now > stamp.pts ? now - stamp.pts : 0;
+      }
+      stamp.pts += s.live_offset;
+    }
     GstBuffer* buffer = buffer_of(frame, s.run->caps);
-    latent::gst::apply_stamp(buffer, stamp_for(*s.run, uint64_t(frame.index)));
+    latent::gst::apply_stamp(buffer, stamp);
     if (s.discont) {
       GST_BUFFER_FLAG_SET(buffer, GST_BUFFER_FLAG_DISCONT);
       s.discont = false;
@@ -272,10 +306,37 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
     s.latents++;
     *out = buffer;
     return GST_FLOW_OK;
+  } catch (const latent::Interrupted&) {
+    // unlock(): a flush or a state change; the generator is as it was before the step.
+    return GST_FLOW_FLUSHING;
   } catch (const std::exception& e) {
     latent::gst::post_exception(GST_ELEMENT(self), "generating", e);
+  } catch (...) {
+    latent::gst::post_exception(GST_ELEMENT(self), "generating", std::runtime_error("an exception of unknown type"));
   }
   return GST_FLOW_ERROR;
+}
+
+// A state change or flush stops a generation in progress before its next model call, so going to READY or NULL
+// waits for at most one call, never for a whole clip.
+gboolean unlock(GstBaseSrc* base) {
+  Impl& s = *GST_VIDEO_GEN(base)->impl;
+  std::lock_guard<std::mutex> lock(s.run_lock);
+  if (s.run && s.run->generator) s.run->generator->interrupt();
+  return TRUE;
+}
+
+gboolean unlock_stop(GstBaseSrc* base) {
+  Impl& s = *GST_VIDEO_GEN(base)->impl;
+  std::lock_guard<std::mutex> lock(s.run_lock);
+  if (s.run && s.run->generator) s.run->generator->clear_interrupt();
+  return TRUE;
+}
+
+void set_made_caps(GstVideoGen* self, GstCaps* caps) {
+  GST_OBJECT_LOCK(self);
+  gst_caps_replace(&self->impl->caps, caps);
+  GST_OBJECT_UNLOCK(self);
 }
 
 gboolean start(GstBaseSrc* base) {
@@ -289,7 +350,9 @@ gboolean start(GstBaseSrc* base) {
     return FALSE;
   }
   try {
-    s.run = plan_run(s.denoiser, settings);
+    Run run = plan_run(s.denoiser, settings);
+    std::lock_guard<std::mutex> lock(s.run_lock);
+    s.run = std::move(run);
   } catch (const std::invalid_argument& e) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot generate with these settings: %s", e.what()),
                       ("model latent space %s", s.denoiser->spec().latent_space.c_str()));
@@ -304,29 +367,28 @@ gboolean start(GstBaseSrc* base) {
   s.discont = true;
   s.latents = s.calls = 0;
   s.stats.reset();
-  s.first_latent_time = 0;
+  s.step_time.reset();
+  s.warm = false;
+  s.live_offset = GST_CLOCK_TIME_NONE;
+  GstCaps* made = s.run->caps.to_caps();
+  set_made_caps(self, made);
+  gst_caps_unref(made);
+  // Nothing is generated here: READY->PAUSED returns at once and the model runs on the streaming thread, where
+  // unlock() can stop it.
   GST_INFO_OBJECT(self, "generating %s: %" G_GUINT64_FORMAT " video frames (0: endless)",
                   s.run->caps.to_string().c_str(), s.run->video_frames);
-  // A live source must say how late its buffers are before it plays; the time to the first latent is measured
-  // here, not guessed, and those latents are the first ones pushed.
-  if (gst_base_src_is_live(base) && s.run->generator) {
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      generate(self);
-    } catch (const std::exception& e) {
-      latent::gst::post_exception(GST_ELEMENT(self), "generating the first latents", e);
-      return FALSE;
-    }
-    s.first_latent_time = GstClockTime(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    GST_INFO_OBJECT(self, "first latent after %" GST_TIME_FORMAT, GST_TIME_ARGS(s.first_latent_time));
-  }
   return TRUE;
 }
 
 gboolean stop(GstBaseSrc* base) {
-  Impl& s = *GST_VIDEO_GEN(base)->impl;
-  s.run.reset();
+  auto* self = GST_VIDEO_GEN(base);
+  Impl& s = *self->impl;
+  {
+    std::lock_guard<std::mutex> lock(s.run_lock);
+    if (s.run && s.run->generator) s.calls = guint64(s.run->generator->model_calls());
+    s.run.reset();
+  }
+  set_made_caps(self, nullptr);
   s.pending.clear();
   return TRUE;
 }
@@ -361,8 +423,11 @@ gboolean negotiate(GstBaseSrc* base) {
 }
 
 GstCaps* get_caps(GstBaseSrc* base, GstCaps* filter) {
-  Impl& s = *GST_VIDEO_GEN(base)->impl;
-  GstCaps* caps = s.run ? s.run->caps.to_caps() : gst_pad_get_pad_template_caps(GST_BASE_SRC_PAD(base));
+  auto* self = GST_VIDEO_GEN(base);
+  GST_OBJECT_LOCK(self);
+  GstCaps* caps = self->impl->caps ? gst_caps_ref(self->impl->caps) : nullptr;
+  GST_OBJECT_UNLOCK(self);
+  if (!caps) caps = gst_pad_get_pad_template_caps(GST_BASE_SRC_PAD(base));
   if (filter) {
     GstCaps* both = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
     gst_caps_unref(caps);
@@ -401,6 +466,7 @@ gboolean do_seek(GstBaseSrc* base, GstSegment* segment) {
     s.pending.clear();
     s.emitted = 0;
     s.discont = true;
+    s.warm = false;
   }
   return TRUE;
 }
@@ -414,10 +480,12 @@ void get_times(GstBaseSrc* base, GstBuffer* buffer, GstClockTime* start, GstCloc
     *end = *start + GST_BUFFER_DURATION(buffer);
 }
 
+// Live: timestamps start when the first latent exists, so what a sink must allow for is one steady-state
+// generator step (a bound over the recent ones), reposted when it changes.
 gboolean query(GstBaseSrc* base, GstQuery* q) {
   Impl& s = *GST_VIDEO_GEN(base)->impl;
   if (GST_QUERY_TYPE(q) == GST_QUERY_LATENCY && gst_base_src_is_live(base)) {
-    gst_query_set_latency(q, TRUE, s.first_latent_time, GST_CLOCK_TIME_NONE);
+    gst_query_set_latency(q, TRUE, s.step_time.announced(), GST_CLOCK_TIME_NONE);
     return TRUE;
   }
   return GST_BASE_SRC_CLASS(gst_video_gen_parent_class)->query(base, q);
@@ -480,8 +548,14 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   if (latent::gst::get_model_property(object, s.model, id, value)) return;
   switch (id) {
     case PROP_IS_LIVE: g_value_set_boolean(value, gst_base_src_is_live(GST_BASE_SRC(self))); return;
-    case PROP_LATENTS_GENERATED: g_value_set_uint64(value, impl.latents.load()); return;
-    case PROP_MODEL_CALLS: g_value_set_uint64(value, impl.calls.load()); return;
+    case PROP_LATENTS_OUT: g_value_set_uint64(value, impl.latents.load()); return;
+    case PROP_MODEL_CALLS: {
+      // Live during a step, so a long clip shows its progress.
+      std::lock_guard<std::mutex> lock(impl.run_lock);
+      const bool running = impl.run && impl.run->generator;
+      g_value_set_uint64(value, running ? guint64(impl.run->generator->model_calls()) : impl.calls.load());
+      return;
+    }
     case PROP_MEAN_CALL_TIME: g_value_set_uint64(value, impl.stats.mean()); return;
     default: break;
   }
@@ -508,6 +582,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
 }
 
 void finalize(GObject* object) {
+  gst_caps_replace(&GST_VIDEO_GEN(object)->impl->caps, nullptr);
   delete GST_VIDEO_GEN(object)->impl;
   G_OBJECT_CLASS(gst_video_gen_parent_class)->finalize(object);
 }
@@ -515,8 +590,9 @@ void finalize(GObject* object) {
 void install_properties(GObjectClass* gobject) {
   latent::gst::install_model_properties(
       gobject, std::string("The video diffusion model (denoiser): a .pt2 package exported by "
-                           "tools/export_denoiser.py, or latent-gen-small weights. Unset: the embedded default "
-                           "generator, ") +
+                           "tools/export_denoiser.py, or latent-gen-small weights. A .pt2 package holds compiled "
+                           "native code that runs in this process: load only packages you trust, as you would a "
+                           "shared library. Unset: the embedded default generator, ") +
                    latent::kDefaultGeneratorFile + " (small, unconditional, trained for demos and tests)");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
@@ -584,13 +660,14 @@ void install_properties(GObjectClass* gobject) {
   g_object_class_install_property(
       gobject, PROP_IS_LIVE,
       g_param_spec_boolean("is-live", "Is live",
-                           "Act as a live source: buffers go out at their time on the clock, and the latency is the "
-                           "measured time to the first latent",
+                           "Act as a live source: timestamps start at the running time the first latent is ready, "
+                           "buffers go out at their time on the clock, and the latency is a bound on the measured "
+                           "time of one generator step (reposted as it changes)",
                            FALSE, rw));
   g_object_class_install_property(
-      gobject, PROP_LATENTS_GENERATED,
-      g_param_spec_uint64("latents-generated", "Latents generated", "Latent frames pushed since READY->PAUSED", 0,
-                          G_MAXUINT64, 0, ro));
+      gobject, PROP_LATENTS_OUT,
+      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
       gobject, PROP_MODEL_CALLS,
       g_param_spec_uint64("model-calls", "Model calls", "Denoiser calls since READY->PAUSED", 0, G_MAXUINT64, 0, ro));
@@ -636,6 +713,10 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
   base->do_seek = GST_DEBUG_FUNCPTR(do_seek);
   base->get_times = GST_DEBUG_FUNCPTR(get_times);
   base->query = GST_DEBUG_FUNCPTR(query);
+  base->unlock = GST_DEBUG_FUNCPTR(unlock);
+  base->unlock_stop = GST_DEBUG_FUNCPTR(unlock_stop);
+  gst_type_mark_as_plugin_api(GST_TYPE_VIDEO_GEN_SCHEDULE, GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(GST_TYPE_VIDEO_GEN_SAMPLER, GstPluginAPIFlags(0));
   GST_PUSH_SRC_CLASS(klass)->create = GST_DEBUG_FUNCPTR(create);
 }
 

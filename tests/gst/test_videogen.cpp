@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -188,13 +189,13 @@ GST_START_TEST(test_downstream_that_wants_other_latents_is_told) {
               "got '%s'", model.error.c_str());
   run(gen("num-frames=5") + "video/x-latent,width=20 ! appsink name=out", size);
   fail_unless(contains(size.error, "downstream accepts none of them"), "got '%s'", size.error.c_str());
-  // vaedecode accepts any latent caps and refuses another model's stream in its own words.
+  // vaedecode's caps name the model it decodes, so videogen tells at negotiation.
   const char* vae_fixtures = g_getenv("LATENT_VAE_FIXTURES");
   if (vae_fixtures && fs::exists(std::string(vae_fixtures) + "/stamp")) {
     Out decoder;
     run(gen("num-frames=5") + "vaedecode model=" + vae_fixtures + "/wan ! appsink name=out", decoder);
-    fail_unless(contains(decoder.error, "Latents of model 'latent-tiny-wan'") &&
-                    contains(decoder.error, "cannot be decoded by model 'wan2.1'"),
+    fail_unless(contains(decoder.error, "makes latents of model 'latent-tiny-wan'") &&
+                    contains(decoder.error, "downstream accepts none of them"),
                 "got '%s'", decoder.error.c_str());
   }
 }
@@ -228,6 +229,8 @@ GST_START_TEST(test_bad_settings_are_named) {
       {"model=" + std::string(LATENT_TEST_SOURCE_ROOT) + "/models/latent-tiny-wan.safetensors",
        "not a denoiser gst-latent knows"},
       {"model=" + fixture + " device=cuda:7", "'cuda:7' requested, but this machine has"},
+      // Refused from its latents alone before anything is allocated, not after minutes of swapping.
+      {"model=" + fixture + " width=65536 height=65536", "for the latents alone"},
       {"", "default generator is missing"},  // with LATENT_DEFAULT_GENERATOR pointing nowhere, below
   };
   g_setenv("LATENT_DEFAULT_GENERATOR", "/nonexistent/latent-gen-small.safetensors", TRUE);
@@ -241,12 +244,40 @@ GST_START_TEST(test_bad_settings_are_named) {
 }
 GST_END_TEST;
 
-GST_START_TEST(test_live_source_reports_its_first_latent_time) {
+GstPadProbeReturn keep_first_pts(GstPad*, GstPadProbeInfo* info, gpointer data) {
+  auto* first = static_cast<std::atomic<GstClockTime>*>(data);
+  GstClockTime none = GST_CLOCK_TIME_NONE;
+  first->compare_exchange_strong(none, GST_BUFFER_PTS(GST_PAD_PROBE_INFO_BUFFER(info)));
+  return GST_PAD_PROBE_OK;
+}
+
+guint64 uint64_property(GstElement* e, const char* name) {
+  guint64 v = 0;
+  g_object_get(e, name, &v, nullptr);
+  return v;
+}
+
+// Live: READY->PAUSED does not run the model (nothing is generated before PLAYING, on the streaming thread); the
+// timestamps start at the running time the first latent exists, and the latency is a bound on one steady step.
+GST_START_TEST(test_live_source_starts_at_once_and_bounds_its_steps) {
   GstElement* pipeline = gst_parse_launch((gen("is-live=true") + "fakesink sync=true name=out").c_str(), nullptr);
   fail_unless(pipeline != nullptr);
   GstElement* src = gst_bin_get_by_name(GST_BIN(pipeline), "videogen0");
+  std::atomic<GstClockTime> first_pts{GST_CLOCK_TIME_NONE};
+  GstPad* pad = gst_element_get_static_pad(src, "src");
+  gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_BUFFER, keep_first_pts, &first_pts, nullptr);
+  gst_object_unref(pad);
+  fail_unless_equals_int(gst_element_set_state(pipeline, GST_STATE_PAUSED), GST_STATE_CHANGE_NO_PREROLL);
+  fail_unless_equals_uint64(uint64_property(src, "model-calls"), 0);
   fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
-  fail_unless(gst_element_get_state(pipeline, nullptr, nullptr, 60 * GST_SECOND) != GST_STATE_CHANGE_FAILURE);
+  guint64 made = 0;
+  for (int i = 0; i < 600 && made < 4; ++i) {
+    g_usleep(G_USEC_PER_SEC / 10);
+    made = uint64_property(src, "latents-out");
+  }
+  fail_unless(made >= 4, "a live videogen pushed %" G_GUINT64_FORMAT " latents", made);
+  // The first latent needs the fifo queue filled (several model calls): it cannot be stamped at time 0.
+  fail_unless(GST_CLOCK_TIME_IS_VALID(first_pts.load()) && first_pts.load() > 0);
   GstQuery* q = gst_query_new_latency();
   fail_unless(gst_element_query(pipeline, q));
   gboolean live = FALSE;
@@ -254,17 +285,40 @@ GST_START_TEST(test_live_source_reports_its_first_latent_time) {
   gst_query_parse_latency(q, &live, &min, &max);
   gst_query_unref(q);
   fail_unless(live);
-  // Measured at start: the first latent of a 4-step fifo run takes 4 model calls at the least.
   fail_unless(min > 0 && GST_CLOCK_TIME_IS_VALID(min), "latency %" GST_TIME_FORMAT, GST_TIME_ARGS(min));
-  guint64 made = 0;
-  for (int i = 0; i < 100 && made < 3; ++i) {
-    g_usleep(G_USEC_PER_SEC / 10);
-    g_object_get(src, "latents-generated", &made, nullptr);
-  }
-  fail_unless(made >= 3, "a live videogen pushed %" G_GUINT64_FORMAT " latents", made);
   gst_element_set_state(pipeline, GST_STATE_NULL);
   gst_object_unref(src);
   gst_object_unref(pipeline);
+}
+GST_END_TEST;
+
+// A state change stops a long clip between model calls instead of waiting for all of its steps.
+GST_START_TEST(test_state_change_interrupts_generation) {
+  GstElement* pipeline = gst_parse_launch((gen("schedule=clip num-frames=9") + "fakesink").c_str(), nullptr);
+  GstElement* src = gst_bin_get_by_name(GST_BIN(pipeline), "videogen0");
+  g_object_set(src, "steps", 1000u, nullptr);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  for (int i = 0; i < 6000 && uint64_property(src, "model-calls") < 2; ++i) g_usleep(G_USEC_PER_SEC / 100);
+  fail_unless(uint64_property(src, "model-calls") >= 2);
+  fail_unless_equals_int(gst_element_set_state(pipeline, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+  const guint64 calls = uint64_property(src, "model-calls");
+  fail_unless(calls < 1000, "going to NULL waited for all %" G_GUINT64_FORMAT " model calls", calls);
+  fail_unless_equals_uint64(uint64_property(src, "latents-out"), 0);
+  gst_object_unref(src);
+  gst_object_unref(pipeline);
+}
+GST_END_TEST;
+
+// Its enums are documented as plugin API, and the model blurb warns that a .pt2 package is native code.
+GST_START_TEST(test_enums_are_plugin_api_and_packages_need_trust) {
+  GstElement* e = gst_element_factory_make("videogen", nullptr);
+  for (const char* p : {"schedule", "sampler"}) {
+    GParamSpec* spec = g_object_class_find_property(G_OBJECT_GET_CLASS(e), p);
+    fail_unless(gst_type_is_plugin_api(spec->value_type, nullptr), "%s", p);
+  }
+  GParamSpec* model = g_object_class_find_property(G_OBJECT_GET_CLASS(e), "model");
+  fail_unless(strstr(g_param_spec_get_blurb(model), "trust") != nullptr);
+  gst_object_unref(e);
 }
 GST_END_TEST;
 
@@ -353,6 +407,7 @@ static Suite* videogen_suite() {
   tcase_set_timeout(tc, 600);
   suite_add_tcase(s, tc);
   tcase_add_test(tc, test_enums_list_their_values);
+  tcase_add_test(tc, test_enums_are_plugin_api_and_packages_need_trust);
   tcase_add_test(tc, test_default_generator_makes_video);
   if (generator_fixture().empty() || !fs::exists(generator_fixture())) {
     g_print("SKIP: no generator fixture (LATENT_SMALL_DENOISER_FIXTURES unset)\n");
@@ -366,7 +421,8 @@ static Suite* videogen_suite() {
   tcase_add_test(tc, test_latent_files_replay_the_stream);
   tcase_add_test(tc, test_downstream_that_wants_other_latents_is_told);
   tcase_add_test(tc, test_bad_settings_are_named);
-  tcase_add_test(tc, test_live_source_reports_its_first_latent_time);
+  tcase_add_test(tc, test_live_source_starts_at_once_and_bounds_its_steps);
+  tcase_add_test(tc, test_state_change_interrupts_generation);
   tcase_add_test(tc, test_seek_to_start_replays_and_others_are_refused);
   tcase_add_test(tc, test_state_cycles_do_not_leak);
   return s;

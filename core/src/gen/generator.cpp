@@ -3,10 +3,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "gen/schedule.h"
+#include "latent/runtime/devices.h"
 
 namespace latent {
 namespace {
@@ -33,7 +36,37 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
                " (the embeddings of the negative or empty prompt)");
 }
 
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(size_t(1) << 30));
+  return buf;
+}
+
+// A size whose latents alone cannot fit is refused before the first allocation, instead of a run that swaps
+// or dies minutes later.
+void check_memory(const GeneratorOptions& o, const DenoiserSpec& spec, torch::Device device) {
+  const size_t need = Generator::latent_bytes_lower_bound(o, spec.channels);
+  const size_t have = available_memory(device);
+  if (have > 0 && need > have)
+    bad_option("a latent size of " + std::to_string(o.height) + "x" + std::to_string(o.width) + " needs at least " +
+               gib(need) + " for the latents alone (" + schedule_kind_name(o.schedule) + " schedule), and " +
+               device.str() + " has " + gib(have) + " available: choose a smaller size");
+}
+
 }  // namespace
+
+size_t Generator::latent_bytes_lower_bound(const GeneratorOptions& o, int64_t channels) {
+  const size_t frame = size_t(std::max<int64_t>(channels, 1)) * size_t(std::max<int64_t>(o.height, 1)) *
+                       size_t(std::max<int64_t>(o.width, 1)) * sizeof(float);
+  // In flight: clip and rolling hold a window, fifo its queue of `steps` frames; each frame with its sampler
+  // history (UniPC keeps two earlier predictions). A call adds its input, conditional and unconditional outputs.
+  const int64_t window = std::max<int64_t>(o.window, 1);
+  const int64_t held = o.schedule == ScheduleKind::fifo   ? std::max<int64_t>(o.sampler.steps, 1) + 1
+                       : o.schedule == ScheduleKind::clip ? std::max<int64_t>(o.frames, 1)
+                                                          : window;
+  const size_t per_frame_state = o.sampler.kind == SamplerKind::unipc ? 3 : 1;
+  return frame * (size_t(held) * per_frame_state + size_t(window) * 3);
+}
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "clip") return ScheduleKind::clip;
@@ -72,13 +105,19 @@ torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64
   for (size_t j = 0; j < steps.size(); ++j)
     levels[j] = steps[j] >= sampler_.steps() ? 0.0f : static_cast<float>(sampler_.timestep(steps[j]));
   const torch::Tensor timesteps = torch::tensor(levels).view({1, -1});
+  check_interrupted();
   torch::Tensor cond = model_.predict(x, timesteps, text_);
   ++calls_;
   if (guidance_ == 1.0) return cond;
+  check_interrupted();
   torch::Tensor uncond = model_.predict(x, timesteps, negative_text_);
   ++calls_;
   // diffusers' order of operations, so a clip matches its pipelines bit for bit where the model does.
   return uncond + guidance_ * (cond - uncond);
+}
+
+void Denoising::check_interrupted() const {
+  if (interrupted_.load(std::memory_order_relaxed)) throw Interrupted("generation interrupted");
 }
 
 torch::Tensor Denoising::noise(int64_t frames) {
@@ -141,6 +180,7 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
       break;
   }
   check_text(spec, o);
+  check_memory(o, spec, denoiser_->device());
   reset(o.seed);
 }
 
@@ -180,6 +220,8 @@ std::vector<GeneratedFrame> Generator::next() {
 }
 
 bool Generator::finished() const { return impl_->schedule->finished(); }
+void Generator::interrupt() { impl_->denoising.set_interrupted(true); }
+void Generator::clear_interrupt() { impl_->denoising.set_interrupted(false); }
 const Sampler& Generator::sampler() const { return impl_->sampler; }
 size_t Generator::state_bytes() const { return impl_->schedule->bytes(); }
 int64_t Generator::model_calls() const { return impl_->denoising.calls(); }

@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -26,6 +27,8 @@ class Denoising {
 
   const Sampler& sampler() const { return sampler_; }
   int64_t calls() const { return calls_; }
+  // predict() throws Interrupted while this is set.
+  void set_interrupted(bool on) { interrupted_ = on; }
 
  private:
   const Denoiser& model_;
@@ -34,7 +37,9 @@ class Denoising {
   torch::Tensor text_, negative_text_;
   int64_t channels_, height_, width_;
   torch::Generator cpu_generator_;
-  int64_t calls_ = 0;
+  std::atomic<int64_t> calls_{0};  // read by stats from other threads
+  std::atomic<bool> interrupted_{false};
+  void check_interrupted() const;
 };
 
 class Schedule {

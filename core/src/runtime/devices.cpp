@@ -1,5 +1,8 @@
 #include "latent/runtime/devices.h"
 
+#include <fstream>
+#include <string>
+
 #include "latent/runtime/build_info.h"
 
 namespace latent {
@@ -32,6 +35,16 @@ torch::ScalarType resolve_dtype(const std::string& spec, torch::Device device) {
   if (spec == "float16" || spec == "f16" || spec == "fp16") return torch::kHalf;
   if (spec == "bfloat16" || spec == "bf16") return torch::kBFloat16;
   throw std::invalid_argument("dtype '" + spec + "' is not one of auto, float32, float16, bfloat16");
+}
+
+size_t available_memory(torch::Device device) {
+  if (!device.is_cpu()) return 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 }  // namespace latent

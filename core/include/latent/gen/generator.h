@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "latent/gen/denoiser.h"
@@ -45,6 +46,12 @@ struct GeneratorOptions {
   uint64_t seed = 0;
 };
 
+// Thrown by Generator::next() when interrupt() stopped it; the generator is as it was before that call.
+class Interrupted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct GeneratedFrame {
   // [1, C, 1, h, w] float32 on the denoiser's device, in the VAE's diffusion space (what its encoder hands out
   // and its decoder takes: VaeSpec::latent_shift / latent_scale applied).
@@ -54,7 +61,8 @@ struct GeneratedFrame {
 
 class Generator {
  public:
-  // Throws std::invalid_argument naming the option when the options do not fit the denoiser.
+  // Throws std::invalid_argument naming the option when the options do not fit the denoiser, or when the
+  // latents the schedule keeps alone would not fit in the device's available memory.
   Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options);
   ~Generator();
   Generator(const Generator&) = delete;
@@ -67,11 +75,20 @@ class Generator {
   // Starts again from the first frame: with the same seed the same frames come out.
   void reset();
   void reset(uint64_t seed);
+  // From any thread: a next() in progress (or the next one) stops before its next model call and throws
+  // Interrupted, until clear_interrupt(). A streaming element's unlock, so a state change never waits for a
+  // whole clip.
+  void interrupt();
+  void clear_interrupt();
 
   const GeneratorOptions& options() const { return options_; }
   const Sampler& sampler() const;
   // Bytes of the tensors the generator keeps between calls (queue, context, sampler histories).
   size_t state_bytes() const;
+  // A lower bound on what a run keeps in memory: the latents of the schedule's frames in flight with their sampler
+  // history, and one guided model call's inputs and outputs (the model's activations come on top).
+  static size_t latent_bytes_lower_bound(const GeneratorOptions& options, int64_t channels);
+  // Denoiser calls since construction; may be read from any thread, also during next().
   int64_t model_calls() const;
 
   struct Impl;
