@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -132,13 +131,11 @@ void check_cpu_isa(const std::filesystem::path& path, const Metadata& md) {
                      ". Export the model again on this machine");
 }
 
-// The runtime checks of input shapes, strides and dtypes are compiled into every package but run only when this
-// variable is set when the package loads. They back up Denoiser::predict's checks against the metadata, which a
-// package's graph may not match (metadata edited after export).
-void enable_runtime_input_checks() {
-  static std::once_flag once;
-  std::call_once(once, [] { ::setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0); });
-}
+// A package's own checks of input shapes, strides and dtypes run only when AOTI_RUNTIME_CHECK_INPUTS is set in
+// the environment at its first call. The loader does not set it: setenv in a process whose other threads may be
+// reading the environment (any GStreamer application) is undefined behaviour. Denoiser::predict checks every call
+// against the metadata; a package is native code, trusted like a shared library, and users who want its own
+// checks too set the variable before starting the process.
 
 class AotiDenoiser final : public Denoiser {
  public:
@@ -186,7 +183,6 @@ std::shared_ptr<Denoiser> load_aoti_denoiser(const std::filesystem::path& path, 
   // "cuda" means cuda:0, as resolve_device() has it: inputs and the package's runner must agree on one device.
   if (run_options.device.is_cuda() && !run_options.device.has_index())
     run_options.device = torch::Device(torch::kCUDA, 0);
-  enable_runtime_input_checks();
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
   try {
     package = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
