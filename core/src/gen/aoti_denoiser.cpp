@@ -4,10 +4,9 @@
 #include <ATen/cpu/Utils.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cctype>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
