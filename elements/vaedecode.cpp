@@ -99,14 +99,6 @@ void update_hold_time(Impl& s) {
   s.hold_time = GstClockTime(held * s.in->temporal_factor) * frame;
 }
 
-void record_compute_time(GstVaeDecode* self, std::chrono::steady_clock::duration d) {
-  Impl& s = *self->impl;
-  s.stats.add(d);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-  if (s.compute.add(GstClockTime(ns)))
-    gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
-}
-
 // Whether latents are held whose frames have not all gone out (serialized events then wait behind them).
 bool holding(const Impl& s) { return s.next_latent > s.done_latents || !s.held.empty(); }
 
@@ -217,7 +209,8 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     buf.reset();
     s.latents++;
     s.next_latent++;
-    if (frames.defined()) record_compute_time(self, std::chrono::steady_clock::now() - t0);
+    if (frames.defined())
+      latent::gst::record_compute_time(GST_ELEMENT(self), s.stats, s.compute, std::chrono::steady_clock::now() - t0);
     ret = push_frames(self, frames);
   } catch (const std::exception& e) {
     latent::gst::post_exception(GST_ELEMENT(self), "decoding", e);
@@ -328,10 +321,7 @@ gboolean handle_sink_event(GstVaeDecode* self, GstPad* pad, GstEvent* event) {
 
 gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
   auto* self = GST_VAE_DECODE(parent);
-  gboolean ok = FALSE;
-  if (!latent::gst::guarded(GST_ELEMENT(self), "handling an event", [&] { ok = handle_sink_event(self, pad, event); }))
-    return FALSE;
-  return ok;
+  return latent::gst::guarded_event(GST_ELEMENT(self), [&] { return handle_sink_event(self, pad, event); });
 }
 
 // The latents the loaded model decodes: its model id, channels and factors (any of them before READY).

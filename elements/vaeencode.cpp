@@ -103,14 +103,6 @@ void update_hold_time(Impl& s) {
   s.hold_time = s.encoder && GST_CLOCK_TIME_IS_VALID(frame) ? GstClockTime(s.encoder->max_delay_frames()) * frame : 0;
 }
 
-void record_compute_time(GstVaeEncode* self, std::chrono::steady_clock::duration d) {
-  Impl& s = *self->impl;
-  s.stats.add(d);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-  if (s.compute.add(GstClockTime(ns)))
-    gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
-}
-
 // Whether frames are held that no pushed latent covers yet (serialized events then wait behind them).
 bool holding(const Impl& s) { return s.next_source > s.emitted_end || !s.held.empty(); }
 
@@ -218,7 +210,8 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     s.frames++;
     auto t0 = std::chrono::steady_clock::now();
     latent::EncodedLatents out = s.encoder->push(x);
-    if (out.size() > 0) record_compute_time(self, std::chrono::steady_clock::now() - t0);
+    if (out.size() > 0)
+      latent::gst::record_compute_time(GST_ELEMENT(self), s.stats, s.compute, std::chrono::steady_clock::now() - t0);
     ret = push_latents(self, out);
   } catch (const std::exception& e) {
     latent::gst::post_exception(GST_ELEMENT(self), "encoding", e);
@@ -319,10 +312,7 @@ gboolean handle_sink_event(GstVaeEncode* self, GstPad* pad, GstEvent* event) {
 
 gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
   auto* self = GST_VAE_ENCODE(parent);
-  gboolean ok = FALSE;
-  if (!latent::gst::guarded(GST_ELEMENT(self), "handling an event", [&] { ok = handle_sink_event(self, pad, event); }))
-    return FALSE;
-  return ok;
+  return latent::gst::guarded_event(GST_ELEMENT(self), [&] { return handle_sink_event(self, pad, event); });
 }
 
 gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {

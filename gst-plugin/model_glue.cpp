@@ -289,6 +289,13 @@ bool check_rows_for_ranks(GstElement* element, const Vae& model, int64_t height,
   return false;
 }
 
+void record_compute_time(GstElement* element, ChunkStats& stats, LatencyBound& bound,
+                         std::chrono::steady_clock::duration d) {
+  stats.add(d);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  if (bound.add(GstClockTime(ns))) gst_element_post_message(element, gst_message_new_latency(GST_OBJECT(element)));
+}
+
 gboolean answer_latency_query(GstPad* sinkpad, GstQuery* query, GstClockTime ours) {
   if (!gst_pad_peer_query(sinkpad, query)) return FALSE;
   gboolean live;

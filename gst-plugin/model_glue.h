@@ -97,6 +97,13 @@ std::unique_ptr<DecoderStream> make_decoder(GstElement* element, const std::vect
 // False, after posting a NEGOTIATION error, when frames of `height` pixels have fewer latent rows than ranks.
 bool check_rows_for_ranks(GstElement* element, const Vae& model, int64_t height, size_t ranks);
 
+// An event handler at the element boundary: an exception becomes an ERROR message and FALSE.
+template <class F>
+gboolean guarded_event(GstElement* element, F&& handle) noexcept {
+  gboolean ok = FALSE;
+  return guarded(element, "handling an event", [&] { ok = handle(); }) ? ok : FALSE;
+}
+
 // Compute time of model calls; the stats properties read it from any thread.
 struct ChunkStats {
   std::atomic<guint64> chunks{0}, compute_ns{0};
@@ -110,6 +117,11 @@ struct ChunkStats {
     return n ? GstClockTime(compute_ns.load() / n) : 0;
   }
 };
+
+// Records one model call's compute time in the stats and the latency bound; posts a LATENCY message when the
+// bound changed.
+void record_compute_time(GstElement* element, ChunkStats& stats, LatencyBound& bound,
+                         std::chrono::steady_clock::duration d);
 
 // The LATENCY query of a filter: upstream's answer plus `ours`.
 gboolean answer_latency_query(GstPad* sinkpad, GstQuery* query, GstClockTime ours);
