@@ -9,6 +9,41 @@
 namespace latent::json {
 namespace {
 
+// The length of the well-formed UTF-8 sequence at s[pos] (a byte >= 0x80), 0 when it is not one: overlong forms,
+// surrogates and code points past U+10FFFF are refused, as RFC 3629 requires.
+size_t utf8_sequence_length(std::string_view s, size_t pos) {
+  const auto b0 = static_cast<unsigned char>(s[pos]);
+  size_t len;
+  uint32_t cp;
+  if (b0 >= 0xC2 && b0 <= 0xDF)
+    len = 2, cp = b0 & 0x1F;
+  else if (b0 >= 0xE0 && b0 <= 0xEF)
+    len = 3, cp = b0 & 0x0F;
+  else if (b0 >= 0xF0 && b0 <= 0xF4)
+    len = 4, cp = b0 & 0x07;
+  else
+    return 0;
+  if (s.size() - pos < len) return 0;
+  for (size_t i = 1; i < len; ++i) {
+    const auto b = static_cast<unsigned char>(s[pos + i]);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  const bool overlong = (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+  if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
+  return len;
+}
+
+// A lead byte whose continuation bytes, all valid so far, run past the end of the text.
+bool truncated_utf8(std::string_view tail) {
+  const auto b0 = static_cast<unsigned char>(tail[0]);
+  const size_t len = b0 >= 0xC2 && b0 <= 0xDF ? 2 : b0 >= 0xE0 && b0 <= 0xEF ? 3 : b0 >= 0xF0 && b0 <= 0xF4 ? 4 : 0;
+  if (len == 0 || tail.size() >= len) return false;
+  for (size_t i = 1; i < tail.size(); ++i)
+    if ((static_cast<unsigned char>(tail[i]) & 0xC0) != 0x80) return false;
+  return true;
+}
+
 class Parser {
  public:
   Parser(std::string_view text, const ParseLimits& limits) : s_(text), limits_(limits) {}
@@ -149,25 +184,8 @@ class Parser {
 
   // Copies one UTF-8 sequence, refusing overlong forms, surrogates and code points past U+10FFFF.
   void utf8_sequence(std::string& out) {
-    auto b0 = static_cast<unsigned char>(s_[pos_]);
-    size_t len;
-    uint32_t cp;
-    if (b0 >= 0xC2 && b0 <= 0xDF)
-      len = 2, cp = b0 & 0x1F;
-    else if (b0 >= 0xE0 && b0 <= 0xEF)
-      len = 3, cp = b0 & 0x0F;
-    else if (b0 >= 0xF0 && b0 <= 0xF4)
-      len = 4, cp = b0 & 0x07;
-    else
-      fail("invalid UTF-8");
-    if (s_.size() - pos_ < len) fail("truncated UTF-8 sequence");
-    for (size_t i = 1; i < len; ++i) {
-      auto b = static_cast<unsigned char>(s_[pos_ + i]);
-      if ((b & 0xC0) != 0x80) fail("invalid UTF-8");
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    bool overlong = (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
-    if (overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) fail("invalid UTF-8");
+    const size_t len = utf8_sequence_length(s_, pos_);
+    if (len == 0) fail(truncated_utf8(s_.substr(pos_)) ? "truncated UTF-8 sequence" : "invalid UTF-8");
     out.append(s_.substr(pos_, len));
     pos_ += len;
   }
@@ -251,9 +269,27 @@ class Parser {
   size_t pos_ = 0;
 };
 
+std::string invalid_utf8_detail(std::string_view s, size_t at) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "(byte 0x%02X at offset %zu)", static_cast<unsigned char>(s[at]), at);
+  return buf;
+}
+
+// The reader refuses invalid UTF-8, so the writer does too: what dump() returns always parses back. Bytes that
+// are not UTF-8 (a Latin-1 caption, a file name in a legacy encoding) are refused with their position rather than
+// replaced, so no text changes silently.
 void dump_string(std::string& out, const std::string& s) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t len = utf8_sequence_length(s, i);
+      if (len == 0) throw Error("JSON: cannot write a string that is not valid UTF-8 " + invalid_utf8_detail(s, i));
+      out.append(s, i, len);
+      i += len;
+      continue;
+    }
+    ++i;
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -386,6 +422,19 @@ const Value* Value::find(std::string_view key) const {
   for (const auto& [k, v] : std::get<Object>(v_))
     if (k == key) return &v;
   return nullptr;
+}
+
+size_t find_invalid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<unsigned char>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t len = utf8_sequence_length(text, i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return std::string_view::npos;
 }
 
 Value parse(std::string_view text, const ParseLimits& limits) { return Parser(text, limits).document(); }

@@ -78,7 +78,12 @@ struct ParseLimits {
 // Parses a whole document: leading/trailing whitespace allowed, anything else after the value is an error.
 Value parse(std::string_view text, const ParseLimits& limits = {});
 
-// Compact serialisation with keys in their stored order.
+// Compact serialisation with keys in their stored order. Strings (keys included) must be valid UTF-8, as parse()
+// requires: anything else throws Error naming the offending byte, so dump() never writes what parse() refuses.
 std::string dump(const Value& value);
+
+// The offset of the first byte of `text` that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
+// surrogates or code points past U+10FFFF), or std::string_view::npos when all of it is.
+size_t find_invalid_utf8(std::string_view text);
 
 }  // namespace latent::json

@@ -58,6 +58,32 @@ TEST(Json, RefusesInvalidUtf8) {
   EXPECT_EQ(parse(R"("\ud83c\udfa5")").as_string(), "\xF0\x9F\x8E\xA5");
 }
 
+// The writer must never produce what the reader refuses: a Latin-1 byte in a caption once made latent files that
+// latentfilesrc and the safetensors package could not open.
+TEST(Json, DumpRefusesWhatParseRefuses) {
+  using latent::json::dump;
+  using latent::json::find_invalid_utf8;
+  using latent::json::Object;
+  using latent::json::Value;
+  for (std::string bad :
+       {"caf\xE9", "\xC0\xAF", "\xED\xA0\x80", "\xF5\x80\x80\x80", "\xE2\x82", "\x80", "ok\xF0\x9F\x8E"}) {
+    EXPECT_THROW(dump(Value(bad)), Error) << bad;
+    EXPECT_THROW(dump(Value(Object{{bad, Value(true)}})), Error) << "as a key: " << bad;
+    EXPECT_NE(find_invalid_utf8(bad), std::string_view::npos);
+  }
+  try {
+    dump(Value(Object{{"caption", "caf\xE9 au lait"}}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("0xE9 at offset 3"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(find_invalid_utf8("caf\xE9"), 3u);
+  for (std::string good : {"", "plain", "caf\xC3\xA9", "\xF0\x9F\x8E\xA5 film", "\xEF\xBF\xBD"}) {
+    EXPECT_EQ(find_invalid_utf8(good), std::string_view::npos) << good;
+    EXPECT_EQ(parse(dump(Value(good))).as_string(), good);
+  }
+}
+
 TEST(Json, DumpRoundTrips) {
   std::string text = R"({"k":["a\"b\\c\u0001",1,-2.5,true,null,{}],"z":{"y":[]}})";
   auto v = parse(text);
