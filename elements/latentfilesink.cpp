@@ -107,13 +107,16 @@ void post_committed(GstLatentFileSink* self, const std::string& path, uint64_t i
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
 }
 
-// Finishes the open file, if any, and renames it into place. Posts an error and returns false on failure; the
-// temporary file is then removed and nothing already committed is touched.
-bool commit_file(GstLatentFileSink* self) {
+// Finishes the open file, if any, and renames it into place: under its final name when the stream reached a
+// boundary (EOS, max-frames, a caps change), else (`complete` false: stopped without EOS, after an error upstream or
+// an interrupted capture) under "<name>.partial", whole frames kept but never passed off as the complete clip.
+// Posts an error and returns false on failure; the temporary file is then removed and nothing already committed is
+// touched.
+bool commit_file(GstLatentFileSink* self, bool complete = true) {
   Stream& st = stream_of(self);
   if (!st.writer) return true;
   const LatentCapsInfo& info = *st.info;
-  std::string path = st.path;
+  std::string path = complete ? st.path : st.path + ".partial";
   try {
     auto& w = *st.writer;
     w.write_bytes(keys::kTiming, latent::st::Dtype::U64, {st.frames, 4},
@@ -132,13 +135,22 @@ bool commit_file(GstLatentFileSink* self) {
     w.set_metadata(keys::kFileIndex, std::to_string(st.next_index));
     w.set_metadata(keys::kStreamFrame, std::to_string(st.stream_frames - st.frames));
     for (const auto& [key, value] : st.extra_metadata) w.set_metadata(key, value);
-    w.commit();
+    if (complete)
+      w.commit();
+    else
+      w.commit_as(path);
   } catch (const std::exception& e) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
                       ("Could not finish latent file \"%s\": %s", path.c_str(), reason(e, path).c_str()),
                       ("committing %" G_GUINT64_FORMAT " latent frames failed: %s", st.frames, e.what()));
     st.drop_file();
     return false;
+  }
+  if (!complete) {
+    GST_WARNING_OBJECT(self, "stopped without EOS: %" G_GUINT64_FORMAT " latent frames kept as %s", st.frames,
+                       path.c_str());
+    st.drop_file();
+    return true;
   }
   GST_INFO_OBJECT(self, "committed %s: %" G_GUINT64_FORMAT " latent frames, %" G_GUINT64_FORMAT " source frames",
                   path.c_str(), st.frames, st.source_frames);
@@ -365,9 +377,10 @@ gboolean sink_start(GstBaseSink* sink) {
 gboolean sink_stop(GstBaseSink* sink) {
   auto* self = GST_LATENT_FILE_SINK(sink);
   Stream& st = stream_of(self);
-  // Stopping without EOS (an interrupted live capture) keeps what was recorded: every frame received is whole.
+  // Stopping without EOS (an error upstream, an interrupted live capture) keeps what was recorded, every frame
+  // whole, but the final name is kept for a stream that ended.
   try {
-    commit_file(self);
+    commit_file(self, false);
   } catch (...) {
     GST_ERROR_OBJECT(self, "unexpected exception while finishing the last file");
   }
@@ -475,8 +488,9 @@ static void gst_latent_file_sink_class_init(GstLatentFileSinkClass* klass) {
       "Writes a latent video stream (video/x-latent, one buffer per latent frame) into safetensors files: the frames "
       "in tensor 'latents' [T', C, H', W'], their timestamps and source frame ranges in tensor 'timing' [T', 4], "
       "and the caps, model and frame counts in the metadata. Each file is written under a temporary name and "
-      "renamed into place when it is complete (at EOS, every max-frames latent frames, when the caps change, and "
-      "when the element stops), so a crash never leaves a partial file under the final name. A stream without "
+      "renamed into place when it is complete (at EOS, every max-frames latent frames, when the caps change), so a "
+      "crash or an error never leaves a partial file under the final name; stopped without EOS, the frames received "
+      "are kept as <name>.partial. A stream without "
       "frames writes no file. latentfilesrc reads the files back. Example: gst-launch-1.0 -e v4l2src ! "
       "videoconvert ! vaeencode ! latentfilesink location=cam-%05d.safetensors max-frames=600",
       "gst-latent developers");

@@ -492,19 +492,42 @@ GST_START_TEST(test_file_appears_only_when_complete) {
 }
 GST_END_TEST;
 
-GST_START_TEST(test_stop_without_eos_commits) {
+// A stream stopped without EOS (an error upstream, an interrupted capture) did not end: its frames are kept, but
+// never under the final name, which promises the whole clip (latent-precompute took such a file for a done clip).
+GST_START_TEST(test_stop_without_eos_keeps_a_partial_file) {
   TempDir dir;
   std::string path = dir.file("interrupted.safetensors");
   GstElement* sink = gst_element_factory_make("latentfilesink", nullptr);
   g_object_set(sink, "location", path.c_str(), nullptr);
   GstHarness* h = gst_harness_new_with_element(sink, "sink", nullptr);
-  gst_object_unref(sink);
   gst_harness_set_src_caps_str(h, caps_string().c_str());
   auto frames = make_frames(caps_string(), 2);
   for (const auto& f : frames) fail_unless_equals_int(gst_harness_push(h, make_buffer(f)), GST_FLOW_OK);
-  gst_harness_teardown(h);  // to NULL with no EOS, as when a live capture is interrupted
-  fail_unless(dir.entries() == std::vector<std::string>{"interrupted.safetensors"});
-  fail_unless_equals_uint64(latent::SafetensorsFile::open(path).entry("latents").shape[0], 2);
+  gst_harness_teardown(h);  // to NULL with no EOS, as when a live capture is interrupted or upstream failed
+  fail_unless(dir.entries() == std::vector<std::string>{"interrupted.safetensors.partial"}, "files: %s",
+              dir.entries().empty() ? "none" : dir.entries()[0].c_str());
+  fail_unless_equals_uint64(latent::SafetensorsFile::open(path + ".partial").entry("latents").shape[0], 2);
+  guint written = 7;
+  g_object_get(sink, "files-written", &written, nullptr);
+  fail_unless_equals_int(written, 0);
+  gst_object_unref(sink);
+}
+GST_END_TEST;
+
+// Files that reached a boundary before the stop are complete and keep their names; only the unfinished one is
+// partial.
+GST_START_TEST(test_stop_without_eos_keeps_committed_files) {
+  TempDir dir;
+  GstElement* sink = gst_element_factory_make("latentfilesink", nullptr);
+  g_object_set(sink, "location", dir.file("s-%d.safetensors").c_str(), "max-frames", 2u, nullptr);
+  GstHarness* h = gst_harness_new_with_element(sink, "sink", nullptr);
+  gst_object_unref(sink);
+  gst_harness_set_src_caps_str(h, caps_string().c_str());
+  auto frames = make_frames(caps_string(), 3);
+  for (const auto& f : frames) fail_unless_equals_int(gst_harness_push(h, make_buffer(f)), GST_FLOW_OK);
+  gst_harness_teardown(h);
+  fail_unless(dir.entries() == (std::vector<std::string>{"s-0.safetensors", "s-1.safetensors.partial"}));
+  fail_unless_equals_uint64(latent::SafetensorsFile::open(dir.file("s-0.safetensors")).entry("latents").shape[0], 2);
 }
 GST_END_TEST;
 
@@ -761,7 +784,8 @@ static Suite* latentfile_suite() {
   tcase_add_test(tc, test_max_frames_splits_files);
   tcase_add_test(tc, test_eos_without_frames_writes_nothing);
   tcase_add_test(tc, test_file_appears_only_when_complete);
-  tcase_add_test(tc, test_stop_without_eos_commits);
+  tcase_add_test(tc, test_stop_without_eos_keeps_a_partial_file);
+  tcase_add_test(tc, test_stop_without_eos_keeps_committed_files);
   tcase_add_test(tc, test_flush_abandons_only_the_unfinished_file);
   tcase_add_test(tc, test_caps_change_starts_a_new_file);
   tcase_add_test(tc, test_identical_caps_keep_one_file);

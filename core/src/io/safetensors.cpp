@@ -339,6 +339,12 @@ void SafetensorsWriter::commit() {
   state_ = State::committed;
 }
 
+void SafetensorsWriter::commit_as(const std::filesystem::path& destination) {
+  require_open("commit");
+  path_ = destination;
+  commit();
+}
+
 void SafetensorsWriter::abandon() {
   if (state_ != State::open) return;
   if (fd_ >= 0) ::close(fd_);

@@ -89,6 +89,9 @@ class SafetensorsWriter {
 
   // Writes the header and moves the file to its final name. The writer is finished afterwards.
   void commit();
+  // commit() under another name in the same folder, e.g. a ".partial" twin for data that is whole but not the
+  // complete stream the final name promises.
+  void commit_as(const std::filesystem::path& destination);
   // Drops everything written so far; the destination is left untouched.
   void abandon();
 
