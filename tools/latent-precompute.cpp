@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -37,16 +38,17 @@ namespace {
 
 constexpr int kExitFailedClips = 1;  // some clips failed (the others are done)
 constexpr int kExitUsage = 2;
-constexpr int kExitFatal = 3;  // nothing could run: unreadable manifest, output folder, model
+// nothing could run (unreadable manifest, output folder or model), or the run had to stop (a full disk)
+constexpr int kExitFatal = 3;
 
 [[noreturn]] void usage(int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: latent-precompute [options] MANIFEST.csv|VIDEO_DIR OUT_DIR\n"
                "Encodes every clip of the manifest (CSV: path,caption[,start,end,fps]; paths relative to it) or\n"
-               "every video of the folder to OUT_DIR/<name>.safetensors, listed in OUT_DIR/index.jsonl; failures\n"
-               "go to OUT_DIR/errors.jsonl. A rerun skips the clips already in the index.\n"
+               "every video of the folder to OUT_DIR/<name>.safetensors, listed in OUT_DIR/index-rankR.jsonl;\n"
+               "failures go to OUT_DIR/errors-rankR.jsonl. A rerun skips the clips already in an index.\n"
                "  --model PATH        the VAE (default: the built-in default model)\n"
-               "  --device D          cpu, cuda, cuda:N (default: cpu)\n"
+               "  --device D          auto, cpu, cuda, cuda:N (default: auto, the first GPU if any)\n"
                "  --devices D1,D2     one stream per device, in threads of this process\n"
                "  --dtype T           auto, float32, float16, bfloat16 (default: auto)\n"
                "  --width W --height H  resize and centre-crop every clip to WxH (multiples of 8)\n"
@@ -54,15 +56,16 @@ constexpr int kExitFatal = 3;  // nothing could run: unreadable manifest, output
                "  --max-frames N      encode at most N frames of each clip\n"
                "  --rank R --world-size N  take every N-th row from row R (default: $RANK, $WORLD_SIZE)\n"
                "  --timeout S         give a clip up after S seconds (default 3600)\n"
-               "exit status: 0 all clips done, 1 some clips failed (see errors.jsonl), 2 bad usage, 3 nothing\n"
-               "could run (manifest, output folder or model unusable)\n");
+               "exit status: 0 all clips done, 1 some clips failed (see errors-rankR.jsonl), 2 bad usage, 3 nothing\n"
+               "could run or the run had to stop (manifest, output folder or model unusable, OUT_DIR in use by\n"
+               "another process of this rank or made with other settings, the disk full)\n");
   std::exit(code);
 }
 
 struct Options {
   fs::path manifest, out;
   EncodeSettings encode;
-  std::vector<std::string> devices{"cpu"};
+  std::vector<std::string> devices{"auto"};
   uint64_t rank = 0, world = 1;
 };
 
@@ -157,16 +160,20 @@ class Feed {
   Feed(const Options& o) : o_(o) {
     if (fs::is_directory(o.manifest)) {
       folder_ = folder_entries(o.manifest);
-    } else {
-      file_.open(o.manifest);
-      if (!file_) throw ManifestError(o.manifest.string() + ": cannot open the manifest");
-      reader_.emplace(file_, o.manifest.parent_path());
+      return;
     }
+    file_.open(o.manifest);
+    if (!file_) throw ManifestError(o.manifest.string() + ": cannot open the manifest");
+    // A pipe (`<(cat m.csv)`) can be read only once and has no folder of its own: relative paths are taken from
+    // the current directory.
+    regular_ = fs::is_regular_file(o.manifest);
+    reader_.emplace(file_, regular_ ? o.manifest.parent_path() : fs::current_path());
   }
-  // Rows this rank will see, from a first streamed pass (the manifest is read twice, never held): the progress
-  // line's total and ETA.
-  uint64_t count() const {
+  // Rows this rank will see, for the progress line's total and ETA: from a first streamed pass over a regular
+  // file (read twice, never held); unknown for a pipe, which cannot be read twice.
+  std::optional<uint64_t> count() const {
     if (!reader_) return owned(folder_.size());
+    if (!regular_) return std::nullopt;
     std::ifstream again(o_.manifest);
     ManifestReader r(again, o_.manifest.parent_path());
     uint64_t rows = 0;
@@ -181,7 +188,11 @@ class Feed {
       if (reader_) {
         row = reader_->next();
       } else if (next_folder_ < folder_.size()) {
-        row = folder_[next_folder_++];
+        const ClipEntry& e = folder_[next_folder_++];
+        if (std::string problem = utf8_problem(e); !problem.empty())
+          row = RowError{e.row, problem};
+        else
+          row = e;
       }
       if (!row) return std::nullopt;
       const uint64_t n = std::visit([](const auto& r) { return r.row; }, *row);
@@ -196,6 +207,7 @@ class Feed {
   const Options& o_;
   std::mutex mu_;
   std::ifstream file_;
+  bool regular_ = true;
   std::optional<ManifestReader> reader_;
   std::vector<ClipEntry> folder_;
   size_t next_folder_ = 0;
@@ -207,7 +219,7 @@ struct Totals {
 
 class Progress {
  public:
-  Progress(const Totals& t, uint64_t total)
+  Progress(const Totals& t, std::optional<uint64_t> total)
       : t_(t), total_(total), tty_(isatty(STDERR_FILENO)), start_(std::chrono::steady_clock::now()) {}
   void update(bool force = false) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -218,21 +230,22 @@ class Progress {
     const double s = std::chrono::duration<double>(now - start_).count();
     const uint64_t seen = t_.done + t_.failed + t_.skipped, worked = t_.done + t_.failed;
     // Skipped clips cost nothing, so the ETA is paced by the clips actually encoded (or attempted).
-    char eta[48] = "";
-    if (worked > 0 && total_ > seen)
-      std::snprintf(eta, sizeof eta, ", ETA %.0f s", s / double(worked) * double(total_ - seen));
-    std::fprintf(
-        stderr, "%s%llu/%llu clips: %llu done, %llu failed, %llu skipped; %llu frames, %.1f frames/s, %.0f s%s%s",
-        tty_ ? "\r\033[K" : "", (unsigned long long)seen, (unsigned long long)total_,
-        (unsigned long long)t_.done.load(), (unsigned long long)t_.failed.load(), (unsigned long long)t_.skipped.load(),
-        (unsigned long long)t_.frames.load(), s > 0 ? double(t_.frames.load()) / s : 0.0, s, eta, tty_ ? "" : "\n");
+    char eta[48] = "", of[32] = "";
+    if (total_) std::snprintf(of, sizeof of, "/%llu", (unsigned long long)*total_);
+    if (total_ && worked > 0 && *total_ > seen)
+      std::snprintf(eta, sizeof eta, ", ETA %.0f s", s / double(worked) * double(*total_ - seen));
+    std::fprintf(stderr, "%s%llu%s clips: %llu done, %llu failed, %llu skipped; %llu frames, %.1f frames/s, %.0f s%s%s",
+                 tty_ ? "\r\033[K" : "", (unsigned long long)seen, of, (unsigned long long)t_.done.load(),
+                 (unsigned long long)t_.failed.load(), (unsigned long long)t_.skipped.load(),
+                 (unsigned long long)t_.frames.load(), s > 0 ? double(t_.frames.load()) / s : 0.0, s, eta,
+                 tty_ ? "" : "\n");
     std::fflush(stderr);
   }
   double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
  private:
   const Totals& t_;
-  uint64_t total_;
+  std::optional<uint64_t> total_;
   bool tty_;
   std::chrono::steady_clock::time_point start_, last_{};
   std::mutex mu_;
@@ -246,32 +259,136 @@ std::string shape_text(const fs::path& file, Value& shape) {
   return f.metadata().count("latent.model") ? f.metadata().at("latent.model") : "";
 }
 
+const char* dtype_text(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "float32";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: return "other";
+  }
+}
+
+// What a latent file depends on besides its row; a folder holds latents of one set of these.
+DatasetSettings dataset_settings(const EncodeSettings& e, const latent::Vae& vae, torch::ScalarType dtype) {
+  std::error_code ec;
+  const fs::path model = fs::weakly_canonical(e.model, ec);
+  char fps[32] = "source";
+  if (e.fps > 0) std::snprintf(fps, sizeof fps, "%.17g", e.fps);
+  return {{"model", ec ? e.model : model.string()},
+          {"model_id", vae.spec().model_id},
+          {"dtype", dtype_text(dtype)},
+          {"size", e.width > 0 ? std::to_string(e.width) + "x" + std::to_string(e.height) : "source"},
+          {"fps", fps},
+          {"max_frames", e.max_frames ? std::to_string(e.max_frames) : "all"}};
+}
+
+// Names this process has finished or is encoding: a row repeated in the manifest (the same path, range, fps and
+// caption) is the same sample, encoded once.
+class Claims {
+ public:
+  explicit Claims(std::unordered_set<std::string> finished) : finished_(std::move(finished)) {}
+  bool claim(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !finished_.count(name) && busy_.insert(name).second;
+  }
+  void release(const std::string& name, bool done) {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_.erase(name);
+    if (done) finished_.insert(name);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_set<std::string> finished_, busy_;
+};
+
+// The first error that stops the run (an index or error line that cannot be written: the disk is full); the
+// workers finish the clip in hand and take no more.
+class Stop {
+ public:
+  void raise(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (why_.empty()) why_ = why;
+    stopped_ = true;
+  }
+  bool stopped() const { return stopped_; }
+  std::string why() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return why_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string why_;
+  std::atomic<bool> stopped_{false};
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   gst_init(&argc, &argv);
+  // A file over RLIMIT_FSIZE then fails its write() with EFBIG, which is reported, instead of killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   Options o = parse(argc, argv);
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  if (!fs::is_directory(o.out)) {
-    std::fprintf(stderr, "latent-precompute: cannot create %s: %s\n", o.out.c_str(), ec.message().c_str());
+  {
+    std::error_code ec;
+    fs::create_directories(o.out, ec);
+    if (!fs::is_directory(o.out)) {
+      std::fprintf(stderr, "latent-precompute: cannot create %s: %s\n", o.out.c_str(),
+                   ec ? ec.message().c_str() : "a file of that name is in the way");
+      return kExitFatal;
+    }
+  }
+  for (const char* element : {"vaeencode", "latentfilesink"}) {
+    if (GstElementFactory* f = gst_element_factory_find(element)) {
+      gst_object_unref(f);
+      continue;
+    }
+    std::fprintf(stderr,
+                 "latent-precompute: GStreamer has no element %s: the gst-latent plugin is not installed "
+                 "where GStreamer looks (see GST_PLUGIN_PATH)\n",
+                 element);
+    return kExitFatal;
+  }
+  // Taken before anything slow, so a second process of this rank is turned away at once.
+  std::optional<RankLock> rank_lock;
+  try {
+    rank_lock.emplace(o.out, o.rank);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "latent-precompute: %s\n", e.what());
     return kExitFatal;
   }
   // One loaded copy of the model per device for the whole run: every clip's vaeencode asks for the same
   // (path, device, dtype) and shares it instead of loading it again.
   std::vector<std::shared_ptr<const latent::Vae>> keep;
+  std::vector<std::string> devices;  // resolved: "auto" becomes the device it chose
+  torch::ScalarType dtype = torch::kFloat;
   try {
     if (o.encode.model.empty()) o.encode.model = latent::find_default_model().string();
     for (const std::string& d : o.devices) {
       const torch::Device device = latent::resolve_device(d);
-      keep.push_back(latent::shared_vae(o.encode.model, {device, latent::resolve_dtype(o.encode.dtype, device)}));
+      const torch::ScalarType t = latent::resolve_dtype(o.encode.dtype, device);
+      if (!keep.empty() && t != dtype) {
+        std::fprintf(stderr,
+                     "latent-precompute: the devices would write latents of two dtypes (%s on %s, %s on %s); give "
+                     "--dtype\n",
+                     dtype_text(dtype), devices[0].c_str(), dtype_text(t), device.str().c_str());
+        return kExitUsage;
+      }
+      dtype = t;
+      devices.push_back(device.str());
+      keep.push_back(latent::shared_vae(o.encode.model, {device, t}));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "latent-precompute: cannot load the model: %s\n", e.what());
     return kExitFatal;
   }
   std::unique_ptr<Feed> feed;
+  std::unique_ptr<JsonLines> index, errors;
   try {
+    check_settings(o.out, dataset_settings(o.encode, *keep[0], dtype));
+    index = std::make_unique<JsonLines>(rank_index(o.out, o.rank));
+    errors = std::make_unique<JsonLines>(rank_errors(o.out, o.rank));
     feed = std::make_unique<Feed>(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "latent-precompute: %s\n", e.what());
@@ -280,96 +397,131 @@ int main(int argc, char** argv) {
   // Temporary twins of clip files a killed run was writing (".<name>.tmp-XXXX"); each is removed when its clip
   // comes up in this run, so another rank's file in progress is never touched.
   std::unordered_map<std::string, std::vector<fs::path>> stale;
-  for (const auto& d : fs::directory_iterator(o.out, ec)) {
-    const std::string f = d.path().filename().string();
-    const size_t tmp = f.rfind(".tmp-");
-    if (f.size() > 1 && f[0] == '.' && tmp != std::string::npos) stale[f.substr(1, tmp - 1)].push_back(d.path());
+  {
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator(o.out, ec)) {
+      const std::string f = d.path().filename().string();
+      const size_t tmp = f.rfind(".tmp-");
+      if (f.size() > 1 && f[0] == '.' && tmp != std::string::npos) stale[f.substr(1, tmp - 1)].push_back(d.path());
+    }
   }
   std::mutex stale_mu;
   auto drop_stale = [&](const std::string& name) {
     std::lock_guard<std::mutex> lock(stale_mu);
     auto it = stale.find(name);
     if (it == stale.end()) return;
+    std::error_code ec;
     for (const fs::path& p : it->second) fs::remove(p, ec);
     stale.erase(it);
   };
-  const fs::path index_path = o.out / "index.jsonl";
-  const std::unordered_set<std::string> finished = finished_files(index_path);
-  JsonLines index(index_path), errors(o.out / "errors.jsonl");
+  Claims claims(finished_in(o.out));
   std::mutex log_mu;
   Totals totals;
   Progress progress(totals, feed->count());
+  Stop stop;
 
   auto record_error = [&](uint64_t row, const std::string& source, const std::string& reason) {
     latent::json::Object e{{"row", Value::unsigned_integer(row)}, {"path", source}, {"reason", reason}};
     std::lock_guard<std::mutex> lock(log_mu);
-    errors.append(latent::json::dump(Value(std::move(e))));
+    errors->append(latent::json::dump(Value(std::move(e))));
+  };
+  auto encode_row = [&](const ClipEntry& clip, const EncodeSettings& s) {
+    const std::string name = clip_file_name(clip);
+    drop_stale(name);
+    if (!claims.claim(name)) {
+      totals.skipped++;
+      return;
+    }
+    ClipResult r;
+    try {
+      r = encode_clip(clip, s, o.out / name);
+    } catch (const std::exception& e) {
+      r.reason = std::string("the pipeline failed: ") + e.what();
+    }
+    if (!r.ok) {
+      claims.release(name, false);
+      totals.failed++;
+      record_error(clip.row, clip.source, r.reason);
+      return;
+    }
+    Value shape;
+    std::string model;
+    try {
+      model = shape_text(o.out / name, shape);
+    } catch (const std::exception& e) {
+      // Left in place: the name may hold another process's good copy of the same row, and a file no index lists
+      // is encoded again by the next run.
+      claims.release(name, false);
+      totals.failed++;
+      record_error(clip.row, clip.source, std::string("the written file does not read back: ") + e.what());
+      return;
+    }
+    latent::json::Object entry{{"path", clip.source},
+                               {"caption", clip.caption},
+                               {"latent_file", name},
+                               {"frames", Value::unsigned_integer(r.frames)},
+                               {"latents", Value::unsigned_integer(r.latents)},
+                               {"shape", shape},
+                               {"model", model}};
+    if (clip.start) entry.emplace_back("start", Value::real(*clip.start));
+    if (clip.end) entry.emplace_back("end", Value::real(*clip.end));
+    {
+      std::lock_guard<std::mutex> lock(log_mu);
+      index->append(latent::json::dump(Value(std::move(entry))));
+    }
+    claims.release(name, true);
+    totals.done++;
+    totals.frames += r.frames;
+    totals.latents += r.latents;
   };
   auto worker = [&](const std::string& device) {
     EncodeSettings s = o.encode;
     s.device = device;
-    while (auto row = feed->next()) {
-      if (const auto* bad = std::get_if<RowError>(&*row)) {
-        record_error(bad->row, "", "manifest: " + bad->reason);
-        totals.failed++;
+    // What escapes here cannot be recorded (the index or the error log cannot be written): it stops the run,
+    // reported by main, rather than ending it in std::terminate.
+    try {
+      while (!stop.stopped()) {
+        auto row = feed->next();
+        if (!row) break;
+        if (const auto* bad = std::get_if<RowError>(&*row)) {
+          totals.failed++;
+          record_error(bad->row, "", "manifest: " + bad->reason);
+        } else {
+          encode_row(std::get<ClipEntry>(*row), s);
+        }
         progress.update();
-        continue;
       }
-      const ClipEntry& clip = std::get<ClipEntry>(*row);
-      const std::string name = clip_file_name(clip);
-      drop_stale(name);
-      if (finished.count(name)) {
-        totals.skipped++;
-        progress.update();
-        continue;
-      }
-      ClipResult r = encode_clip(clip, s, o.out / name);
-      if (!r.ok) {
-        record_error(clip.row, clip.source, r.reason);
-        totals.failed++;
-        progress.update();
-        continue;
-      }
-      Value shape;
-      std::string model;
-      try {
-        model = shape_text(o.out / name, shape);
-      } catch (const std::exception& e) {
-        record_error(clip.row, clip.source, std::string("the written file does not read back: ") + e.what());
-        fs::remove(o.out / name, ec);
-        totals.failed++;
-        continue;
-      }
-      latent::json::Object entry{{"path", clip.source},
-                                 {"caption", clip.caption},
-                                 {"latent_file", name},
-                                 {"frames", Value::unsigned_integer(r.frames)},
-                                 {"latents", Value::unsigned_integer(r.latents)},
-                                 {"shape", shape},
-                                 {"model", model}};
-      if (clip.start) entry.emplace_back("start", Value::real(*clip.start));
-      if (clip.end) entry.emplace_back("end", Value::real(*clip.end));
-      {
-        std::lock_guard<std::mutex> lock(log_mu);
-        index.append(latent::json::dump(Value(std::move(entry))));
-      }
-      totals.done++;
-      totals.frames += r.frames;
-      totals.latents += r.latents;
-      progress.update();
+    } catch (const std::exception& e) {
+      stop.raise(e.what());
+    } catch (...) {
+      stop.raise("unknown exception");
     }
   };
   std::vector<std::thread> threads;
-  for (const std::string& d : o.devices) threads.emplace_back(worker, d);
+  for (const std::string& d : devices) threads.emplace_back(worker, d);
   for (auto& t : threads) t.join();
   progress.update(true);
   const double s = progress.seconds();
   std::fprintf(stderr,
-               "\nlatent-precompute: %llu clips done, %llu failed, %llu skipped (already in the index); "
+               "\nlatent-precompute: %llu clips done, %llu failed, %llu skipped (already done or repeated); "
                "%llu frames -> %llu latents in %.1f s (%.2f clips/s, %.1f frames/s)%s\n",
                (unsigned long long)totals.done.load(), (unsigned long long)totals.failed.load(),
                (unsigned long long)totals.skipped.load(), (unsigned long long)totals.frames.load(),
                (unsigned long long)totals.latents.load(), s, s > 0 ? double(totals.done.load()) / s : 0.0,
-               s > 0 ? double(totals.frames.load()) / s : 0.0, totals.failed ? "; failures in errors.jsonl" : "");
-  return totals.failed ? kExitFailedClips : 0;
+               s > 0 ? double(totals.frames.load()) / s : 0.0,
+               totals.failed ? ("; failures in " + rank_errors(o.out, o.rank).filename().string()).c_str() : "");
+  int code = totals.failed ? kExitFailedClips : 0;
+  if (stop.stopped()) {
+    std::fprintf(stderr,
+                 "latent-precompute: stopped: %s\nThe clips listed in the index are kept; run the same command "
+                 "again to go on.\n",
+                 stop.why().c_str());
+    code = kExitFatal;
+  }
+  // Everything GStreamer made is gone by now; deinit lets its leaks tracer check that.
+  index.reset();
+  errors.reset();
+  feed.reset();
+  gst_deinit();
+  return code;
 }

@@ -37,17 +37,17 @@ rc=$?
 set -e
 cat run.log
 [ $rc -eq 1 ] || fail "exit status $rc with failed clips, 1 expected"
-[ "$(wc -l <out/index.jsonl)" -eq 4 ] || fail "index: $(cat out/index.jsonl)"
-[ "$(wc -l <out/errors.jsonl)" -eq 3 ] || fail "errors: $(cat out/errors.jsonl)"
-grep -q '"reason":"no such file"' out/errors.jsonl || fail "missing file not recorded"
-grep -q '"path":"broken.avi"' out/errors.jsonl || fail "broken file not recorded"
-grep -q '"reason":"manifest: column start' out/errors.jsonl || fail "malformed row not recorded"
-grep -q '"caption":"two\\nlines and \\"quotes\\""' out/index.jsonl || fail "caption not kept: $(cat out/index.jsonl)"
-grep -q '"frames":6,' out/index.jsonl || fail "the 0.25-0.5 s range is not 6 frames: $(cat out/index.jsonl)"
+[ "$(wc -l <out/index-rank0.jsonl)" -eq 4 ] || fail "index: $(cat out/index-rank0.jsonl)"
+[ "$(wc -l <out/errors-rank0.jsonl)" -eq 3 ] || fail "errors: $(cat out/errors-rank0.jsonl)"
+grep -q '"reason":"no such file"' out/errors-rank0.jsonl || fail "missing file not recorded"
+grep -q '"path":"broken.avi"' out/errors-rank0.jsonl || fail "broken file not recorded"
+grep -q '"reason":"manifest: column start' out/errors-rank0.jsonl || fail "malformed row not recorded"
+grep -q '"caption":"two\\nlines and \\"quotes\\""' out/index-rank0.jsonl || fail "caption not kept: $(cat out/index-rank0.jsonl)"
+grep -q '"frames":6,' out/index-rank0.jsonl || fail "the 0.25-0.5 s range is not 6 frames: $(cat out/index-rank0.jsonl)"
 grep -q '4 clips done, 3 failed' run.log || fail "summary"
 
 echo "== the latents equal vaeencode ! latentfilesink's"
-file1=$(grep '"path":"clip1.avi"' out/index.jsonl | sed 's/.*"latent_file":"\([^"]*\)".*/\1/')
+file1=$(grep '"path":"clip1.avi"' out/index-rank0.jsonl | sed 's/.*"latent_file":"\([^"]*\)".*/\1/')
 gst-launch-1.0 -q filesrc location=clip1.avi ! decodebin ! videoconvert ! videorate ! aspectratiocrop aspect-ratio=1/1 ! \
   videoscale ! video/x-raw,width=64,height=64 ! vaeencode ! latentfilesink location=direct.safetensors
 if [ -n "${LATENT_PYTHON:-}" ]; then
@@ -69,7 +69,7 @@ import json, sys
 import torch
 from latent_dataset import LatentDataset
 ds = LatentDataset(sys.argv[1])
-index = [json.loads(l) for l in open(sys.argv[1] + "/index.jsonl")]
+index = [json.loads(l) for l in open(sys.argv[1] + "/index-rank0.jsonl")]
 assert len(ds) == len(index) == 4, len(ds)
 for item, e in zip(ds, index):
     assert list(item["latents"].shape) == e["shape"], (item["latents"].shape, e["shape"])
@@ -83,19 +83,19 @@ fi
 
 echo "== a folder of videos, --max-frames and --fps"
 "$tool" --width 64 --height 64 --max-frames 5 sub folder >/dev/null 2>&1 || fail "folder run"
-[ "$(wc -l <folder/index.jsonl)" -eq 1 ] || fail "folder index: $(cat folder/index.jsonl)"
-grep -q '"path":"with space.avi","caption":"",.*"frames":5,' folder/index.jsonl || fail "folder/max-frames: $(cat folder/index.jsonl)"
+[ "$(wc -l <folder/index-rank0.jsonl)" -eq 1 ] || fail "folder index: $(cat folder/index-rank0.jsonl)"
+grep -q '"path":"with space.avi","caption":"",.*"frames":5,' folder/index-rank0.jsonl || fail "folder/max-frames: $(cat folder/index-rank0.jsonl)"
 printf 'path,caption,fps\nclip2.avi,twelve a second,12\n' >fps.csv
 "$tool" --width 64 --height 64 fps.csv fps >/dev/null 2>&1 || fail "fps run"
 # 14 frames at 24/s last 0.58 s: 7 frames at 12/s, and videorate may add one to cover the last frame's time.
-grep -qE '"frames":(7|8),' fps/index.jsonl || fail "14 frames at 24/s resampled to 12/s: $(cat fps/index.jsonl)"
+grep -qE '"frames":(7|8),' fps/index-rank0.jsonl || fail "14 frames at 24/s resampled to 12/s: $(cat fps/index-rank0.jsonl)"
 
 echo "== a rerun skips what is done"
 set +e
 "$tool" --width 64 --height 64 m.csv out >rerun.log 2>&1
 set -e
 grep -q '0 clips done, 3 failed, 4 skipped' rerun.log || fail "rerun: $(cat rerun.log)"
-[ "$(wc -l <out/index.jsonl)" -eq 4 ] || fail "the rerun added index entries"
+[ "$(wc -l <out/index-rank0.jsonl)" -eq 4 ] || fail "the rerun added index entries"
 
 # 30 distinct clips: three videos at ten start times.
 {
@@ -113,8 +113,8 @@ for k in 1 2 3; do
   wait $pid 2>/dev/null || true
 done
 "$tool" --width 64 --height 64 many.csv killed >/dev/null 2>&1
-sort whole/index.jsonl >a.txt
-grep -v '^$' killed/index.jsonl | "${LATENT_PYTHON:-python3}" -c '
+sort whole/index-rank0.jsonl >a.txt
+grep -v '^$' killed/index-rank0.jsonl | "${LATENT_PYTHON:-python3}" -c '
 import json, sys
 for line in sys.stdin:
     try:
@@ -125,14 +125,24 @@ for line in sys.stdin:
 diff a.txt b.txt >/dev/null || fail "resumed index differs from an uninterrupted one: $(diff a.txt b.txt | head -5)"
 [ "$(sort -u b.txt | wc -l)" -eq 30 ] || fail "duplicate or missing entries after resuming"
 for f in whole/*.safetensors; do cmp -s "$f" "killed/$(basename "$f")" || fail "$(basename "$f") differs after resuming"; done
-[ -z "$(find killed -name '.*' -type f)" ] || fail "temporary files left behind: $(find killed -name '.*')"
+[ -z "$(find killed -name '.*' ! -name '.lock-rank*' -type f)" ] || fail "temporary files left behind: $(find killed -name '.*')"
 
-echo "== two ranks and two devices add up to the whole"
-"$tool" --width 64 --height 64 --rank 0 --world-size 2 many.csv shards >/dev/null 2>&1
-RANK=1 WORLD_SIZE=2 "$tool" --width 64 --height 64 many.csv shards >/dev/null 2>&1
-sort shards/index.jsonl | diff - a.txt >/dev/null || fail "the shards' union is not the whole manifest"
+echo "== two ranks at once and two devices add up to the whole"
+"$tool" --width 64 --height 64 --rank 0 --world-size 2 many.csv shards >/dev/null 2>&1 &
+RANK=1 WORLD_SIZE=2 "$tool" --width 64 --height 64 many.csv shards >/dev/null 2>&1 || fail "rank 1"
+wait $! || fail "rank 0"
+cat shards/index-rank0.jsonl shards/index-rank1.jsonl | sort | diff - a.txt >/dev/null ||
+  fail "the shards' union is not the whole manifest"
+if [ -n "${LATENT_PYTHON:-}" ]; then
+  PYTHONPATH="$LATENT_SOURCE_DIR/examples" "$LATENT_PYTHON" -c '
+import sys
+from latent_dataset import LatentDataset
+ds = LatentDataset(sys.argv[1])
+assert len(ds) == 30 and len({e["latent_file"] for e in ds.entries}) == 30, len(ds)
+' shards || fail "LatentDataset over the per-rank indexes"
+fi
 "$tool" --width 64 --height 64 --devices cpu,cpu many.csv two >/dev/null 2>&1
-sort two/index.jsonl | diff - a.txt >/dev/null || fail "--devices cpu,cpu differs"
+sort two/index-rank0.jsonl | diff - a.txt >/dev/null || fail "--devices cpu,cpu differs"
 
 echo "== peak memory does not grow with the number of clips"
 small=40 large=200

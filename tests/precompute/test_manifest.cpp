@@ -176,3 +176,136 @@ TEST(Outputs, AnIndexKilledMidLineResumesWhole) {
   EXPECT_TRUE(finished_files(scratch("missing.jsonl")).empty());
   fs::remove(index);
 }
+
+// One unclosed quote once read the rest of the manifest into one field: a record is bounded, reported as that
+// row's error, and reading goes on at the next line break.
+TEST(Csv, ARunawayQuotedFieldIsBounded) {
+  std::string text = "ok,1\n\"never closed,";
+  text += std::string(kMaxRecordBytes + 10, 'x');
+  text += "\nnext,2\nlast,3\n";
+  std::vector<std::string> errors;
+  const auto r = records(text, &errors);
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(errors[0], "");
+  EXPECT_NE(errors[1].find("longer than 1 MiB"), std::string::npos) << errors[1];
+  EXPECT_TRUE(r[1].empty());
+  EXPECT_EQ(r[2], (std::vector<std::string>{"next", "2"}));
+  EXPECT_EQ(r[3], (std::vector<std::string>{"last", "3"}));
+
+  std::string wide(kMaxRecordFields + 5, ',');
+  errors.clear();
+  const auto w = records(wide + "\nafter,4\n", &errors);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_NE(errors[0].find("fields"), std::string::npos) << errors[0];
+  EXPECT_EQ(w[1], (std::vector<std::string>{"after", "4"}));
+  // At the bound, not past it: read whole.
+  const std::string longest(kMaxRecordBytes - 1, 'y');
+  EXPECT_EQ(records(longest + "\n")[0], std::vector<std::string>{longest});
+}
+
+TEST(Manifest, ARunawayQuoteIsAnErrorOfItsRow) {
+  std::string text = "path,caption\na.mp4,\"no end";
+  text += std::string(kMaxRecordBytes, 'c');
+  text += "\nb.mp4,fine\n";
+  const auto r = rows(text);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_NE(error(r[0]).reason.find("1 MiB"), std::string::npos) << error(r[0]).reason;
+  EXPECT_EQ(clip(r[1]).source, "b.mp4");
+}
+
+// The index and the latent files' metadata are JSON: a Latin-1 caption or path is refused when its row is read,
+// before the clip is decoded and encoded.
+TEST(Manifest, TextThatIsNotUtf8IsAnErrorOfItsRow) {
+  const auto r = rows("path,caption\nlatin.mp4,caf\xE9\nn\xE9.mp4,ok\nutf8.mp4,caf\xC3\xA9\n");
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_NE(error(r[0]).reason.find("the caption is not valid UTF-8 (byte 0xE9 at offset 3)"), std::string::npos)
+      << error(r[0]).reason;
+  EXPECT_NE(error(r[1]).reason.find("the path is not valid UTF-8"), std::string::npos) << error(r[1]).reason;
+  EXPECT_EQ(clip(r[2]).caption, "caf\xC3\xA9");
+}
+
+// Caption datasets describe one clip several times: every caption is its own sample and file.
+TEST(Outputs, EachCaptionOfAClipHasItsOwnFile) {
+  ClipEntry a;
+  a.source = "v.mp4";
+  a.caption = "a dog runs";
+  ClipEntry b = a;
+  b.caption = "a brown dog on a beach";
+  ClipEntry none = a;
+  none.caption = "";
+  EXPECT_NE(clip_file_name(a), clip_file_name(b));
+  EXPECT_NE(clip_file_name(a), clip_file_name(none));
+  ClipEntry again = a;
+  again.row = 7;
+  EXPECT_EQ(clip_file_name(a), clip_file_name(again));
+  // Rows without a caption keep the names of earlier versions, so their folders still resume.
+  ClipEntry plain;
+  plain.source = "videos/My Clip (1).mp4";
+  EXPECT_EQ(clip_file_name(plain), "My_Clip__1_-0649680faa1d531e.safetensors");
+}
+
+TEST(Outputs, OneProcessPerRankAndFolder) {
+  const fs::path dir = scratch("lock");
+  fs::create_directories(dir);
+  {
+    RankLock first(dir, 0);
+    try {
+      RankLock second(dir, 0);
+      FAIL() << "a second lock of rank 0 was granted";
+    } catch (const OutputError& e) {
+      EXPECT_NE(std::string(e.what()).find("another latent-precompute of rank 0"), std::string::npos) << e.what();
+    }
+    RankLock other(dir, 1);  // another rank works beside it
+  }
+  RankLock again(dir, 0);  // released with its holder
+  fs::remove_all(dir);
+}
+
+TEST(Outputs, AFolderKeepsTheSettingsItWasMadeWith) {
+  const fs::path dir = scratch("settings");
+  fs::create_directories(dir);
+  const DatasetSettings s{{"model", "/m.safetensors"}, {"dtype", "float32"}, {"max_frames", "all"}};
+  check_settings(dir, s);  // the first run records them
+  EXPECT_TRUE(fs::exists(dir / "settings.json"));
+  check_settings(dir, s);  // the same settings resume
+  DatasetSettings other = s;
+  other[1].second = "bfloat16";
+  try {
+    check_settings(dir, other);
+    FAIL() << "other settings were accepted";
+  } catch (const OutputError& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype float32; this run asks for dtype bfloat16"), std::string::npos)
+        << e.what();
+  }
+  for (const auto& d : fs::directory_iterator(dir)) EXPECT_EQ(d.path().filename(), "settings.json");
+  fs::remove_all(dir);
+}
+
+TEST(Outputs, EveryRanksIndexCountsAsDone) {
+  const fs::path dir = scratch("indexes");
+  fs::create_directories(dir);
+  JsonLines(dir / "index.jsonl").append(R"({"latent_file":"old.safetensors"})");
+  JsonLines(rank_index(dir, 0)).append(R"({"latent_file":"zero.safetensors"})");
+  JsonLines(rank_index(dir, 3)).append(R"({"latent_file":"three.safetensors"})");
+  JsonLines(rank_errors(dir, 0)).append(R"({"latent_file":"failed.safetensors"})");
+  EXPECT_EQ(rank_index(dir, 3).filename(), "index-rank3.jsonl");
+  EXPECT_EQ(finished_in(dir),
+            (std::unordered_set<std::string>{"old.safetensors", "zero.safetensors", "three.safetensors"}));
+  fs::remove_all(dir);
+}
+
+// A full disk (here /dev/full) is an error the caller can report, never a half line followed by more.
+TEST(Outputs, AFullDiskIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const fs::path dir = scratch("full");
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir / "index.jsonl");
+  JsonLines log(dir / "index.jsonl");
+  try {
+    log.append(R"({"latent_file":"a.safetensors"})");
+    FAIL() << "the append to a full device succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}

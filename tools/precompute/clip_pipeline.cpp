@@ -36,6 +36,10 @@ GstPadProbeReturn gate_frames(GstPad* pad, GstPadProbeInfo* info, gpointer data)
     gst_pad_send_event(pad, gst_event_new_eos());
   }
   if (gate->ended) {
+    // HANDLED hands the buffer to the probe, which must free it; DROP would answer upstream with OK and the
+    // decoder would go on reading the whole file.
+    gst_buffer_unref(GST_PAD_PROBE_INFO_BUFFER(info));
+    GST_PAD_PROBE_INFO_DATA(info) = nullptr;
     GST_PAD_PROBE_INFO_FLOW_RETURN(info) = GST_FLOW_EOS;
     return GST_PAD_PROBE_HANDLED;
   }
@@ -105,6 +109,16 @@ GstStructure* clip_metadata(const ClipEntry& clip, const EncodeSettings& s) {
   return m;
 }
 
+// latentfilesink reads its location as a pattern (%05d numbers the files); a literal % is written %%.
+std::string literal_location(const std::string& path) {
+  std::string out;
+  for (char c : path) {
+    if (c == '%') out += '%';
+    out += c;
+  }
+  return out;
+}
+
 void set_caps(GstElement* capsfilter, const std::string& caps) {
   GstCaps* c = gst_caps_from_string(caps.c_str());
   g_object_set(capsfilter, "caps", c, nullptr);
@@ -126,7 +140,8 @@ ClipResult encode_clip(const ClipEntry& clip, const EncodeSettings& s, const std
       "filesrc name=src ! decodebin ! videoconvert ! videorate ! capsfilter name=rate ! aspectratiocrop name=crop ! "
       "videoscale ! capsfilter name=size ! vaeencode name=enc ! latentfilesink name=sink",
       &err));
-  if (!pipeline) {
+  // A missing element (the gst-latent plugin not found) still gives a pipeline, with `err` set.
+  if (!pipeline || err) {
     r.reason = std::string("cannot build the pipeline: ") + (err ? err->message : "?");
     g_clear_error(&err);
     return r;
@@ -148,7 +163,7 @@ ClipResult encode_clip(const ClipEntry& clip, const EncodeSettings& s, const std
   g_object_set(enc.get(), "model", s.model.c_str(), "device", s.device.c_str(), "dtype", s.dtype.c_str(), nullptr);
   ObjectPtr sink = element("sink");
   GstStructure* meta = clip_metadata(clip, s);
-  g_object_set(sink.get(), "location", out_file.c_str(), "metadata", meta, nullptr);
+  g_object_set(sink.get(), "location", literal_location(out_file.string()).c_str(), "metadata", meta, nullptr);
   gst_structure_free(meta);
 
   FrameGate gate;
@@ -162,7 +177,9 @@ ClipResult encode_clip(const ClipEntry& clip, const EncodeSettings& s, const std
   bool ok = true;
   if (ok) ok = gst_element_set_state(pipeline.get(), GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE;
   ok = wait(pipeline.get(), s.timeout_seconds, r) && ok;
-  gst_element_set_state(pipeline.get(), GST_STATE_NULL);  // a stopped sink commits what it has: removed below
+  // A sink stopped before EOS keeps its frames as "<out_file>.partial", never under out_file, so a failure here
+  // never touches a file another worker or process committed under that name.
+  gst_element_set_state(pipeline.get(), GST_STATE_NULL);
   if (ok && r.latents == 0) {
     ok = false;
     r.reason = clip.start || clip.end ? "no frames in the clip's time range" : "no frames decoded";
@@ -170,7 +187,9 @@ ClipResult encode_clip(const ClipEntry& clip, const EncodeSettings& s, const std
   r.ok = ok && std::filesystem::is_regular_file(out_file, ec);
   if (!r.ok) {
     if (r.reason.empty()) r.reason = "the pipeline stopped without an error message";
-    std::filesystem::remove(out_file, ec);
+    std::filesystem::path partial = out_file;
+    partial += ".partial";
+    std::filesystem::remove(partial, ec);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;

@@ -12,7 +12,7 @@ namespace latent::precompute {
 
 struct EncodeSettings {
   std::string model;  // a path; the caller resolves the default model, so every pipeline shares one loaded copy
-  std::string device = "cpu";
+  std::string device = "auto";
   std::string dtype = "auto";
   int width = 0, height = 0;  // 0: the source size (rounded to what the model takes)
   double fps = 0;             // 0: the source rate; a row's fps column overrides it
@@ -28,8 +28,8 @@ struct ClipResult {
   double seconds = 0;
 };
 
-// Encodes `clip` into `out_file` (written under a temporary name and renamed into place by latentfilesink). On
-// failure no file is left under `out_file`.
+// Encodes `clip` into `out_file` (written under a temporary name and renamed into place by latentfilesink at EOS).
+// A failed clip leaves no file of its own and removes none: out_file is only ever written whole.
 ClipResult encode_clip(const ClipEntry& clip, const EncodeSettings& settings, const std::filesystem::path& out_file);
 
 }  // namespace latent::precompute

@@ -4,7 +4,10 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <set>
+
+#include "io/json.h"
 
 namespace latent::precompute {
 namespace {
@@ -42,10 +45,23 @@ bool read_csv_record(std::istream& in, std::vector<std::string>& fields, std::st
   error.clear();
   if (in.peek() == EOF) return false;
   std::string field;
+  size_t bytes = 0;         // of this record, delimiters included
   bool quoted = false;      // inside a quoted field
   bool was_quoted = false;  // the current field was quoted and is closed
+  // One unclosed quote would otherwise read the rest of the manifest into one field: past the bound the record is
+  // an error and reading resumes at the next line break.
+  auto too_long = [&](bool at_line_end) {
+    if (bytes <= kMaxRecordBytes && fields.size() < kMaxRecordFields) return false;
+    error = fields.size() >= kMaxRecordFields
+                ? "more than " + std::to_string(kMaxRecordFields) + " fields"
+                : std::string("a record longer than 1 MiB") + (quoted ? " (a quoted field that is never closed?)" : "");
+    fields.clear();
+    if (!at_line_end) skip_line(in);
+    return true;
+  };
   for (;;) {
     const int c = in.get();
+    if (c != EOF && ++bytes > kMaxRecordBytes && too_long(c == '\n' && !quoted)) return true;
     if (quoted) {
       if (c == EOF) {
         error = "a quoted field is never closed";
@@ -54,6 +70,7 @@ bool read_csv_record(std::istream& in, std::vector<std::string>& fields, std::st
       if (c == '"') {
         if (in.peek() == '"') {
           in.get();
+          ++bytes;
           field += '"';
         } else {
           quoted = false;
@@ -70,6 +87,7 @@ bool read_csv_record(std::istream& in, std::vector<std::string>& fields, std::st
       field.clear();
       was_quoted = false;
       if (c != ',') return true;
+      if (too_long(false)) return true;
       continue;
     }
     if (c == '\r' && was_quoted && in.peek() == '\n') continue;
@@ -89,6 +107,19 @@ bool read_csv_record(std::istream& in, std::vector<std::string>& fields, std::st
     }
     field += char(c);
   }
+}
+
+std::string utf8_problem(const ClipEntry& clip) {
+  auto check = [](const char* what, const std::string& text) -> std::string {
+    const size_t at = json::find_invalid_utf8(text);
+    if (at == std::string::npos) return "";
+    char detail[64];
+    std::snprintf(detail, sizeof detail, " (byte 0x%02X at offset %zu)", static_cast<unsigned char>(text[at]), at);
+    return std::string(what) + " is not valid UTF-8" + detail +
+           ": the index and the latent files are JSON, which holds UTF-8 text only";
+  };
+  std::string problem = check("the path", clip.source);
+  return problem.empty() ? check("the caption", clip.caption) : problem;
 }
 
 ManifestReader::ManifestReader(std::istream& in, std::filesystem::path base_dir) : in_(in), base_(std::move(base_dir)) {
@@ -141,6 +172,8 @@ std::optional<ManifestRow> ManifestReader::next() {
   if (!error.empty()) return RowError{row, error};
   if (e.fps && *e.fps == 0) return RowError{row, "column fps: 0 is not a frame rate"};
   if (e.start && e.end && *e.end <= *e.start) return RowError{row, "end is not after start"};
+  // Refused now, before the clip is decoded and encoded, rather than when its metadata is written.
+  if (std::string problem = utf8_problem(e); !problem.empty()) return RowError{row, problem};
   return e;
 }
 

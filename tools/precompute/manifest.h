@@ -36,16 +36,25 @@ struct RowError {
 
 using ManifestRow = std::variant<ClipEntry, RowError>;
 
+// A record is at most 1 MiB (delimiters and quotes included) of at most 1024 fields: a caption dataset's longest
+// rows are a few KiB, and the bound keeps one unclosed quote from reading the rest of a manifest into memory.
+inline constexpr size_t kMaxRecordBytes = size_t(1) << 20;
+inline constexpr size_t kMaxRecordFields = 1024;
+
 // RFC 4180: fields separated by commas, records by LF or CRLF, fields in double quotes may hold commas, line
 // breaks and doubled quotes. Reads one record into `fields`; false at the end of the input. A record that breaks
-// the grammar (a quote inside an unquoted field, text after a closing quote, a quote never closed) sets `error`
-// and is skipped up to the next line break the grammar allows, so later records still read.
+// the grammar (a quote inside an unquoted field, text after a closing quote, a quote never closed) or the bounds
+// above sets `error` and is skipped up to the next line break, so later records still read.
 bool read_csv_record(std::istream& in, std::vector<std::string>& fields, std::string& error);
+
+// Why the clip's path or caption cannot go into the index and the latent file's metadata (both JSON, hence UTF-8
+// only); empty when they can.
+std::string utf8_problem(const ClipEntry& clip);
 
 class ManifestReader {
  public:
   // Reads the header: a `path` column is required; `caption`, `start`, `end`, `fps` are optional and other
-  // columns are ignored. Throws ManifestError otherwise.
+  // columns are ignored. Throws ManifestError otherwise. A row whose path or caption is not UTF-8 is a RowError.
   ManifestReader(std::istream& in, std::filesystem::path base_dir);
   // The next record, or nullopt at the end.
   std::optional<ManifestRow> next();

@@ -1,12 +1,15 @@
 #include "outputs.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <stdexcept>
 
 #include "io/json.h"
@@ -45,14 +48,24 @@ std::string safe_stem(const std::string& source) {
 }  // namespace
 
 std::string clip_file_name(const ClipEntry& clip) {
-  const std::string key =
+  std::string key =
       clip.source + '\n' + optional_text(clip.start) + '\n' + optional_text(clip.end) + '\n' + optional_text(clip.fps);
+  // Only a caption joins the key, so rows without one keep the names earlier versions gave them (and resume).
+  if (!clip.caption.empty()) key += '\n' + clip.caption;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(key)));
   return safe_stem(clip.source) + "-" + hex + ".safetensors";
 }
 
 bool owned_by(const ClipEntry& clip, uint64_t rank, uint64_t world) { return world <= 1 || clip.row % world == rank; }
+
+std::filesystem::path rank_index(const std::filesystem::path& out_dir, uint64_t rank) {
+  return out_dir / ("index-rank" + std::to_string(rank) + ".jsonl");
+}
+
+std::filesystem::path rank_errors(const std::filesystem::path& out_dir, uint64_t rank) {
+  return out_dir / ("errors-rank" + std::to_string(rank) + ".jsonl");
+}
 
 JsonLines::JsonLines(const std::filesystem::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -81,6 +94,9 @@ void JsonLines::append(const std::string& object) { append_raw(object + "\n"); }
 
 std::unordered_set<std::string> finished_files(const std::filesystem::path& index) {
   std::unordered_set<std::string> out;
+  // Only a file can be an index: a device or a pipe in its place would be read without end.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(index, ec)) return out;
   std::ifstream in(index);
   std::string line;
   while (std::getline(in, line)) {
@@ -93,6 +109,101 @@ std::unordered_set<std::string> finished_files(const std::filesystem::path& inde
     }
   }
   return out;
+}
+
+}  // namespace latent::precompute
+
+namespace latent::precompute {
+
+std::unordered_set<std::string> finished_in(const std::filesystem::path& out_dir) {
+  std::unordered_set<std::string> out = finished_files(out_dir / "index.jsonl");
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator(out_dir, ec)) {
+    const std::string f = d.path().filename().string();
+    if (f.rfind("index-rank", 0) == 0 && d.path().extension() == ".jsonl") out.merge(finished_files(d.path()));
+  }
+  return out;
+}
+
+RankLock::RankLock(const std::filesystem::path& out_dir, uint64_t rank) {
+  const std::filesystem::path path = out_dir / (".lock-rank" + std::to_string(rank));
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw OutputError(path.string() + ": cannot create the lock file: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw OutputError("another latent-precompute of rank " + std::to_string(rank) + " is writing to " +
+                        out_dir.string() + " (it holds " + path.filename().string() +
+                        "); one process per rank and folder, or give this one another --rank");
+    throw OutputError(path.string() + ": cannot lock: " + std::strerror(err));
+  }
+}
+
+RankLock::~RankLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays, an empty marker
+}
+
+namespace {
+
+std::string settings_text(const DatasetSettings& s) {
+  json::Object o;
+  for (const auto& [k, v] : s) o.emplace_back(k, v);
+  return json::dump(json::Value(std::move(o))) + "\n";
+}
+
+// Creates `path` holding `text` only if it does not exist yet, whole or not at all: written beside it, then
+// link()ed into place, which fails when another process won the race.
+bool create_exclusively(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw OutputError(tmp.string() + ": cannot create: " + std::strerror(errno));
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int write_err = errno;
+  const bool synced = n == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (!synced) {
+    ::unlink(tmp.c_str());
+    throw OutputError(path.string() + ": cannot write: " +
+                      (n < 0                       ? std::strerror(write_err)
+                       : n != ssize_t(text.size()) ? "short write"
+                                                   : std::strerror(sync_err)));
+  }
+  const bool linked = ::link(tmp.c_str(), path.c_str()) == 0;
+  const int link_err = errno;
+  ::unlink(tmp.c_str());
+  if (!linked && link_err != EEXIST) throw OutputError(path.string() + ": cannot create: " + std::strerror(link_err));
+  return linked;
+}
+
+}  // namespace
+
+void check_settings(const std::filesystem::path& out_dir, const DatasetSettings& wanted) {
+  const std::filesystem::path path = out_dir / "settings.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && create_exclusively(path, settings_text(wanted))) return;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::map<std::string, std::string> recorded;
+  try {
+    const json::Value doc = json::parse(text.str());
+    for (const auto& [k, v] : doc.as_object()) recorded[k] = v.as_string();
+  } catch (const json::Error& e) {
+    throw OutputError(path.string() + " is not a settings file latent-precompute wrote (" + e.what() +
+                      "); remove it only if the folder holds no latents of other settings");
+  }
+  for (const auto& [k, v] : wanted) {
+    auto it = recorded.find(k);
+    const std::string was = it == recorded.end() ? "(not recorded)" : it->second;
+    if (was != v)
+      throw OutputError(out_dir.string() + " holds latents encoded with " + k + " " + was + "; this run asks for " + k +
+                        " " + v + ". Rerun with the settings of " + path.filename().string() +
+                        " to resume, or write to another folder");
+  }
 }
 
 }  // namespace latent::precompute
