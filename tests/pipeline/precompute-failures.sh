@@ -29,6 +29,9 @@ done
 echo "not a video" >broken.avi
 printf 'path,caption\nclip1.avi,one\nclip2.avi,two\n' >m.csv
 
+echo "== the default device is auto, as for the elements"
+"$tool" --help | grep -qE -- '--device D .*\(default: auto' || fail "the default device: $("$tool" --help | grep -- --device)"
+
 echo "== a full disk: the index on /dev/full"
 mkdir full
 ln -s /dev/full full/index-rank0.jsonl
