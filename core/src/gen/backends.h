@@ -26,4 +26,9 @@ std::shared_ptr<Denoiser> load_aoti_denoiser(const std::filesystem::path& path, 
 bool is_small_denoiser(const WeightSource& src);
 std::shared_ptr<Denoiser> make_small_denoiser(const WeightSource& src, const LoadOptions& opt);
 
+// gen/wan_transformer.cpp: a diffusers folder, a pipeline (model_index.json, transformer/, scheduler/) or a
+// transformer folder whose config.json names WanTransformer3DModel.
+bool is_diffusers_transformer(const std::filesystem::path& path);
+std::shared_ptr<Denoiser> load_wan_transformer(const std::filesystem::path& path, const LoadOptions& opt);
+
 }  // namespace latent

@@ -88,11 +88,13 @@ torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& tim
 
 std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options) {
   if (path.extension() == ".pt2") return load_aoti_denoiser(path, options);
+  if (is_diffusers_transformer(path)) return load_wan_transformer(path, options);
   WeightSource src = read_weights(path);
   if (is_small_denoiser(src)) return make_small_denoiser(src, options);
   throw ModelError(path.string() +
-                   ": not a denoiser gst-latent knows: expected a .pt2 package (tools/export_denoiser.py) or "
-                   "native weights with __metadata__ \"architecture\" = \"latent-gen-small\"");
+                   ": not a denoiser gst-latent knows: expected a .pt2 package (tools/export_denoiser.py), a diffusers "
+                   "Wan 2.1 folder (model_index.json + transformer/) or native weights with __metadata__ "
+                   "\"architecture\" = \"latent-gen-small\"");
 }
 
 }  // namespace latent

@@ -1,0 +1,525 @@
+// Wan 2.1's denoiser, diffusers' WanTransformer3DModel, run natively from a diffusers folder. The arithmetic
+// follows diffusers 0.42's module op for op, in the same dtypes (the modulation, the layer norms, the time
+// embedder and the scale-shift tables in float32 whatever the compute dtype, as diffusers keeps those modules), so
+// tests/core/gen/test_wan_transformer.cpp can hold it to diffusers' output within float rounding.
+//
+// Each latent frame has its own timestep (the Denoiser interface), which is diffusers' per-token timestep with
+// one value repeated over a frame's patches (tools/export_denoiser.py feeds it so): the time embedding and the
+// modulation are computed once per frame here and broadcast over that frame's tokens, which is the same values.
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "gen/backends.h"
+#include "io/json.h"
+#include "latent/io/safetensors.h"
+#include "memory/residency.h"
+
+namespace latent {
+namespace {
+
+namespace fs = std::filesystem;
+using torch::Tensor;
+
+constexpr const char* kClass = "WanTransformer3DModel";
+// The prompt embedding length of Wan's pipeline (umT5 output, padded to 512 tokens).
+constexpr int64_t kTextTokens = 512;
+// Bounds far above the published configs (1.3B: 12 heads of 128, 30 layers; 14B: 40 heads, 40 layers), low enough
+// that no product of them overflows before the tensor shapes are checked against the files.
+constexpr int64_t kMaxDim = 1 << 16;
+constexpr int64_t kMaxLayers = 256;
+constexpr int64_t kMaxPatch = 16;
+constexpr int64_t kMaxWindow = 1024;
+
+struct WanConfig {
+  int64_t pt = 1, ph = 2, pw = 2;
+  int64_t heads = 0, head_dim = 0, in_channels = 0, out_channels = 0, text_dim = 0, freq_dim = 0, ffn_dim = 0;
+  int64_t layers = 0, rope_max_seq_len = 1024;
+  bool cross_attn_norm = true;
+  double eps = 1e-6;
+  int64_t dim() const { return heads * head_dim; }
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw ModelError(p.string() + ": cannot read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json::Value parse_object(const fs::path& p) {
+  json::Value v;
+  try {
+    v = json::parse(read_text(p));
+  } catch (const json::Error& e) {
+    throw ModelError(p.string() + ": not valid JSON: " + e.what());
+  }
+  if (!v.is_object()) throw ModelError(p.string() + ": not a JSON object");
+  return v;
+}
+
+std::string class_of(const json::Value& v) {
+  const json::Value* c = v.find("_class_name");
+  return c && c->is_string() ? c->as_string() : std::string();
+}
+
+// Typed access to a config object, every key optional with diffusers' default, every value checked; the error
+// names the file and the key.
+class Config {
+ public:
+  Config(const json::Value& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  const json::Value* get(const std::string& key) {
+    seen_.insert(key);
+    const json::Value* v = obj_.find(key);
+    return v && !v->is_null() ? v : nullptr;
+  }
+  int64_t integer(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) {
+    const json::Value* v = get(key);
+    if (!v) return fallback;
+    int64_t i = 0;
+    try {
+      i = v->as_int64();
+    } catch (const json::Error&) {
+      fail(key, "is not an integer");
+    }
+    if (i < lo || i > hi)
+      fail(key, "= " + std::to_string(i) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return i;
+  }
+  double number(const std::string& key, double fallback, double lo, double hi) {
+    const json::Value* v = get(key);
+    if (!v) return fallback;
+    double d = 0;
+    try {
+      d = v->as_double();
+    } catch (const json::Error&) {
+      fail(key, "is not a number");
+    }
+    if (!(d >= lo && d <= hi)) fail(key, "is out of range");
+    return d;
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    const json::Value* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_bool()) fail(key, "is not true or false");
+    return v->as_bool();
+  }
+  std::string string(const std::string& key, const std::string& fallback) {
+    const json::Value* v = get(key);
+    if (!v) return fallback;
+    if (!v->is_string()) fail(key, "is not a string");
+    return v->as_string();
+  }
+  // A key whose only supported value is absence (null): image conditioning and the like.
+  void unsupported(const std::string& key, const std::string& what) {
+    if (get(key)) fail(key, "is set: " + what + " is not supported by the native backend");
+  }
+  void ignore(const std::string& key) { seen_.insert(key); }
+  // Keys this version does not know could change the network in ways it would silently ignore.
+  void no_other_keys() const {
+    std::string unknown;
+    for (const auto& [k, v] : obj_.as_object())
+      if (!seen_.count(k) && k.rfind('_', 0) != 0) unknown += (unknown.empty() ? "\"" : ", \"") + k + "\"";
+    if (!unknown.empty()) throw ModelError(where_ + ": unknown config keys " + unknown + " (a newer model version?)");
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw ModelError(where_ + ": config \"" + key + "\" " + what);
+  }
+
+ private:
+  const json::Value& obj_;
+  std::string where_;
+  std::set<std::string> seen_;
+};
+
+WanConfig parse_config(const json::Value& v, const std::string& where) {
+  Config r(v, where);
+  WanConfig c;
+  if (const json::Value* p = r.get("patch_size")) {
+    if (!p->is_array() || p->as_array().size() != 3) r.fail("patch_size", "is not a list of 3 integers");
+    int64_t s[3];
+    for (int i = 0; i < 3; ++i) {
+      try {
+        s[i] = p->as_array()[size_t(i)].as_int64();
+      } catch (const json::Error&) {
+        r.fail("patch_size", "is not a list of 3 integers");
+      }
+      if (s[i] < 1 || s[i] > kMaxPatch) r.fail("patch_size", "has an entry out of range [1, 16]");
+    }
+    c.pt = s[0], c.ph = s[1], c.pw = s[2];
+    // One timestep per latent frame needs one frame per token.
+    if (c.pt != 1) r.fail("patch_size", "has a temporal patch of " + std::to_string(c.pt) + ": only 1 is supported");
+  }
+  c.heads = r.integer("num_attention_heads", 40, 1, kMaxDim);
+  c.head_dim = r.integer("attention_head_dim", 128, 2, kMaxDim);
+  if (c.head_dim % 2 != 0 || (c.head_dim - 4 * (c.head_dim / 6)) % 2 != 0)
+    r.fail("attention_head_dim", "= " + std::to_string(c.head_dim) + " cannot be split into 3 even RoPE parts");
+  if (c.dim() > kMaxDim) r.fail("num_attention_heads", "times attention_head_dim is too large");
+  c.in_channels = r.integer("in_channels", 16, 1, kMaxDim);
+  c.out_channels = r.integer("out_channels", c.in_channels, 1, kMaxDim);
+  if (c.out_channels != c.in_channels)
+    r.fail("out_channels", "differs from in_channels: not a denoiser of its own latents");
+  c.text_dim = r.integer("text_dim", 4096, 1, kMaxDim);
+  c.freq_dim = r.integer("freq_dim", 256, 2, kMaxDim);
+  if (c.freq_dim % 2 != 0) r.fail("freq_dim", "is odd");
+  c.ffn_dim = r.integer("ffn_dim", 13824, 1, 4 * kMaxDim);
+  c.layers = r.integer("num_layers", 40, 1, kMaxLayers);
+  c.cross_attn_norm = r.boolean("cross_attn_norm", true);
+  // diffusers builds the q/k RMS norms across heads whatever this says.
+  const std::string qk = r.string("qk_norm", "rms_norm_across_heads");
+  if (qk != "rms_norm_across_heads") r.fail("qk_norm", "= \"" + qk + "\": only \"rms_norm_across_heads\" is known");
+  c.eps = r.number("eps", 1e-6, 0, 1);
+  c.rope_max_seq_len = r.integer("rope_max_seq_len", 1024, 1, 1 << 20);
+  r.unsupported("image_dim", "image conditioning (Wan image-to-video)");
+  r.unsupported("added_kv_proj_dim", "image conditioning (Wan image-to-video)");
+  r.unsupported("pos_embed_seq_len", "image position embedding (Wan FLF2V)");
+  r.no_other_keys();
+  return c;
+}
+
+// The sampler Wan's pipeline would use: scheduler/scheduler_config.json where the folder has one.
+SamplerOptions parse_scheduler(const fs::path& file) {
+  SamplerOptions s;
+  s.kind = SamplerKind::unipc;
+  s.steps = 50;   // WanPipeline's num_inference_steps
+  s.shift = 3.0;  // Wan2.1-T2V-1.3B-Diffusers' scheduler (480p)
+  if (!fs::exists(file)) return s;
+  const json::Value v = parse_object(file);
+  const std::string cls = class_of(v);
+  const std::string where = file.string();
+  Config r(v, where);
+  const auto require = [&](const std::string& key, const std::string& want, const std::string& fallback) {
+    const std::string got = r.string(key, fallback);
+    if (got != want) r.fail(key, "= \"" + got + "\": only \"" + want + "\" is supported");
+  };
+  const auto require_bool = [&](const std::string& key, bool want, bool fallback) {
+    if (r.boolean(key, fallback) != want) r.fail(key, std::string("must be ") + (want ? "true" : "false"));
+  };
+  s.train_timesteps = r.integer("num_train_timesteps", 1000, 1, 100000);
+  if (cls == "UniPCMultistepScheduler") {
+    s.kind = SamplerKind::unipc;
+    s.shift = r.number("flow_shift", 1.0, 1e-3, 1e3);
+    require("prediction_type", "flow_prediction", "epsilon");
+    require_bool("use_flow_sigmas", true, false);
+    if (r.integer("solver_order", 2, 1, 3) != 2) r.fail("solver_order", "must be 2");
+    require("solver_type", "bh2", "bh2");
+    require_bool("predict_x0", true, true);
+    require_bool("lower_order_final", true, true);
+    require("final_sigmas_type", "zero", "zero");
+    require_bool("thresholding", false, false);
+    for (const char* k : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_dynamic_shifting"})
+      require_bool(k, false, false);
+    if (const json::Value* d = r.get("disable_corrector"); d && !(d->is_array() && d->as_array().empty()))
+      r.fail("disable_corrector", "must be empty");
+  } else if (cls == "FlowMatchEulerDiscreteScheduler") {
+    s.kind = SamplerKind::euler;
+    s.shift = r.number("shift", 1.0, 1e-3, 1e3);
+  } else {
+    throw ModelError(where + ": scheduler \"" + cls +
+                     "\" is not supported (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)");
+  }
+  return s;
+}
+
+// Every tensor of a diffusers model folder: one safetensors file, or the shards its index names.
+WeightSource read_folder_weights(const fs::path& dir) {
+  WeightSource src;
+  const fs::path single = dir / "diffusion_pytorch_model.safetensors";
+  const fs::path index = dir / "diffusion_pytorch_model.safetensors.index.json";
+  std::vector<fs::path> files;
+  json::Value idx;
+  if (fs::exists(single)) {
+    files.push_back(single);
+    src.weights = single;
+  } else if (fs::exists(index)) {
+    idx = parse_object(index);
+    const json::Value* map = idx.find("weight_map");
+    if (!map || !map->is_object()) throw ModelError(index.string() + ": no \"weight_map\" object");
+    std::set<std::string> names;
+    for (const auto& [k, f] : map->as_object()) {
+      if (!f.is_string() || f.as_string().find('/') != std::string::npos)
+        throw ModelError(index.string() + ": weight_map entry \"" + k + "\" is not a file name in the folder");
+      if (names.insert(f.as_string()).second) files.push_back(dir / f.as_string());
+    }
+    for (const auto& f : files)
+      if (!fs::exists(f)) throw ModelError(index.string() + ": shard " + f.filename().string() + " is missing");
+    src.weights = index;
+  } else {
+    throw ModelError(dir.string() + ": no diffusion_pytorch_model.safetensors nor its .index.json");
+  }
+  std::map<std::string, fs::path> from;
+  for (const auto& f : files) {
+    auto st = SafetensorsFile::open(f);
+    for (const auto& name : st.names()) {
+      if (!src.tensors.emplace(name, st.tensor(name)).second)
+        throw ModelError(f.string() + ": tensor \"" + name + "\" is also in " + from[name].filename().string());
+      from[name] = f;
+    }
+    src.mapped.push_back(st.mapping());
+  }
+  if (!idx.is_null())
+    for (const auto& [k, f] : idx.find("weight_map")->as_object())
+      if (auto it = from.find(k); it == from.end() || it->second.filename() != f.as_string())
+        throw ModelError(index.string() + ": \"" + k + "\" is not in " + f.as_string());
+  return src;
+}
+
+struct Linear {
+  Tensor w, b;
+  static Linear load(WeightReader& r, const std::string& p, int64_t in, int64_t out) {
+    return {r.take(p + ".weight", {out, in}), r.take(p + ".bias", {out})};
+  }
+  Tensor operator()(const Tensor& x) const { return torch::linear(x, w, b); }
+};
+
+struct Attention {
+  Linear q, k, v, out;
+  Tensor norm_q, norm_k;
+  static Attention load(WeightReader& r, const std::string& p, int64_t dim) {
+    Attention a;
+    a.q = Linear::load(r, p + ".to_q", dim, dim);
+    a.k = Linear::load(r, p + ".to_k", dim, dim);
+    a.v = Linear::load(r, p + ".to_v", dim, dim);
+    a.out = Linear::load(r, p + ".to_out.0", dim, dim);
+    a.norm_q = r.take(p + ".norm_q.weight", {dim});
+    a.norm_k = r.take(p + ".norm_k.weight", {dim});
+    return a;
+  }
+};
+
+struct Block {
+  Attention self_attn, cross_attn;
+  Tensor norm2_w, norm2_b;  // float32; undefined without cross_attn_norm
+  Linear ffn_in, ffn_out;
+  Tensor scale_shift;  // float32 [1, 6, D]
+};
+
+// The table of diffusers' module names kept in float32 (WanTransformer3DModel._keep_in_fp32_modules).
+bool kept_in_fp32(const std::string& name) {
+  std::stringstream ss(name);
+  std::string part;
+  while (std::getline(ss, part, '.'))
+    if (part == "time_embedder" || part == "scale_shift_table" || part == "norm1" || part == "norm2" || part == "norm3")
+      return true;
+  return false;
+}
+
+WeightSource subset(const WeightSource& src, bool fp32) {
+  WeightSource out;
+  out.weights = src.weights;
+  for (const auto& [k, t] : src.tensors)
+    if (kept_in_fp32(k) == fp32) out.tensors.emplace(k, t);
+  return out;
+}
+
+class WanTransformer : public Denoiser {
+ public:
+  WanTransformer(const WanConfig& cfg, DenoiserSpec spec, const WeightSource& src, const LoadOptions& opt)
+      : Denoiser(std::move(spec), opt), cfg_(cfg) {
+    const int64_t d = cfg.dim();
+    WeightSource wide = subset(src, true), narrow = subset(src, false);
+    {
+      WeightReader f(wide, opt.device, torch::kFloat), r(narrow, opt.device, opt.dtype);
+      patch_w_ = r.take("patch_embedding.weight", {d, cfg.in_channels, cfg.pt, cfg.ph, cfg.pw});
+      patch_b_ = r.take("patch_embedding.bias", {d});
+      time_1_ = Linear::load(f, "condition_embedder.time_embedder.linear_1", cfg.freq_dim, d);
+      time_2_ = Linear::load(f, "condition_embedder.time_embedder.linear_2", d, d);
+      time_proj_ = Linear::load(r, "condition_embedder.time_proj", d, 6 * d);
+      text_1_ = Linear::load(r, "condition_embedder.text_embedder.linear_1", cfg.text_dim, d);
+      text_2_ = Linear::load(r, "condition_embedder.text_embedder.linear_2", d, d);
+      for (int64_t i = 0; i < cfg.layers; ++i) {
+        const std::string p = "blocks." + std::to_string(i);
+        Block b;
+        b.self_attn = Attention::load(r, p + ".attn1", d);
+        b.cross_attn = Attention::load(r, p + ".attn2", d);
+        if (cfg.cross_attn_norm) {
+          b.norm2_w = f.take(p + ".norm2.weight", {d});
+          b.norm2_b = f.take(p + ".norm2.bias", {d});
+        }
+        b.ffn_in = Linear::load(r, p + ".ffn.net.0.proj", d, cfg.ffn_dim);
+        b.ffn_out = Linear::load(r, p + ".ffn.net.2", cfg.ffn_dim, d);
+        b.scale_shift = f.take(p + ".scale_shift_table", {1, 6, d});
+        blocks_.push_back(std::move(b));
+      }
+      proj_out_ = Linear::load(r, "proj_out", d, cfg.out_channels * cfg.pt * cfg.ph * cfg.pw);
+      scale_shift_out_ = f.take("scale_shift_table", {1, 2, d});
+      // One list of problems for both precisions: a user fixing a checkpoint wants them all at once.
+      std::string problems;
+      for (WeightReader* w : {&f, &r}) {
+        try {
+          w->finish();
+        } catch (const ModelError& e) {
+          std::string m = e.what();
+          problems += problems.empty() ? m : m.substr(m.find('\n'));
+        }
+      }
+      if (!problems.empty()) throw ModelError(problems);
+    }
+    // RoPE frequencies as diffusers makes them: float64, cast to float32 at the end.
+    const int64_t hd = cfg.head_dim, hw_dim = 2 * (hd / 6);
+    const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    const Tensor pos = torch::arange(cfg.rope_max_seq_len, torch::TensorOptions().dtype(torch::kLong));
+    for (int64_t part : {hd - 2 * hw_dim, hw_dim, hw_dim}) {
+      const Tensor inv = 1.0 / torch::pow(10000.0, torch::arange(0, part, 2, f64).narrow(0, 0, part / 2) / part);
+      const Tensor ang = torch::outer(pos, inv);
+      rope_cos_.push_back(ang.cos().to(torch::kFloat).to(opt.device));
+      rope_sin_.push_back(ang.sin().to(torch::kFloat).to(opt.device));
+    }
+    const int64_t half = cfg.freq_dim / 2;
+    freqs_ =
+        torch::exp(torch::arange(0, half, torch::TensorOptions().dtype(torch::kFloat)) * (-std::log(10000.0)) / half)
+            .to(opt.device);
+  }
+
+ protected:
+  Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& text) const override {
+    const int64_t t = x.size(2), hp = x.size(3) / cfg_.ph, wp = x.size(4) / cfg_.pw, d = cfg_.dim();
+    const int64_t tokens = hp * wp, seq = t * tokens;
+    if (x.size(3) % cfg_.ph || x.size(4) % cfg_.pw)
+      throw std::invalid_argument("denoiser input latents: height and width must be multiples of the patch");
+    if (t > cfg_.rope_max_seq_len || hp > cfg_.rope_max_seq_len || wp > cfg_.rope_max_seq_len)
+      throw std::invalid_argument("denoiser input latents: more than rope_max_seq_len = " +
+                                  std::to_string(cfg_.rope_max_seq_len) + " positions along an axis");
+    const auto dt = dtype();
+    const auto [cos, sin] = rope(t, hp, wp);
+
+    Tensor h = torch::conv3d(x, patch_w_, patch_b_, {cfg_.pt, cfg_.ph, cfg_.pw});
+    h = h.flatten(2).transpose(1, 2).contiguous();  // [1, seq, D]
+
+    // Time: float32 sinusoid and embedder; the projection in the compute dtype. One row per frame.
+    const Tensor args = timesteps.reshape({t, 1}).to(torch::kFloat) * freqs_.unsqueeze(0);
+    const Tensor sinusoid = torch::cat({torch::cos(args), torch::sin(args)}, 1);
+    const Tensor temb = time_2_(torch::silu(time_1_(sinusoid))).to(dt);                    // [T, D]
+    const Tensor tproj = time_proj_(torch::silu(temb)).view({t, 6, d}).to(torch::kFloat);  // [T, 6, D]
+    const Tensor ctx = text_2_(torch::gelu(text_1_(text), "tanh"));                        // [1, L, D]
+
+    const auto ln = [&](const Tensor& v, const Tensor& w, const Tensor& b) {
+      return torch::layer_norm(v.to(torch::kFloat), {d}, w, b, cfg_.eps);
+    };
+    for (const Block& b : blocks_) {
+      const Tensor mod = b.scale_shift + tproj;                       // [T, 6, D] float32
+      const auto m = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [T, 1, D], broadcast over a frame's tokens
+      Tensor hf = h.view({t, tokens, d}).to(torch::kFloat);
+      Tensor n = (ln(hf, {}, {}) * (1 + m(1)) + m(0)).to(dt).view({1, seq, d});
+      Tensor a = attention(b.self_attn, n, n, &cos, &sin);
+      h = (hf + a.view({t, tokens, d}) * m(2)).to(dt).view({1, seq, d});
+
+      n = cfg_.cross_attn_norm ? ln(h, b.norm2_w, b.norm2_b).to(dt) : h;
+      h = h + attention(b.cross_attn, n, ctx, nullptr, nullptr);
+
+      hf = h.view({t, tokens, d}).to(torch::kFloat);
+      n = (ln(hf, {}, {}) * (1 + m(4)) + m(3)).to(dt).view({1, seq, d});
+      const Tensor ff = b.ffn_out(torch::gelu(b.ffn_in(n), "tanh"));
+      h = (hf + ff.view({t, tokens, d}).to(torch::kFloat) * m(5)).to(dt).view({1, seq, d});
+    }
+
+    const Tensor out_mod = scale_shift_out_ + temb.unsqueeze(1);  // [T, 2, D] float32
+    Tensor hf = h.view({t, tokens, d}).to(torch::kFloat);
+    h = (ln(hf, {}, {}) * (1 + out_mod.narrow(1, 1, 1)) + out_mod.narrow(1, 0, 1)).to(dt).view({1, seq, d});
+    h = proj_out_(h);
+    const int64_t c = cfg_.out_channels;
+    return h.reshape({1, t, hp, wp, cfg_.pt, cfg_.ph, cfg_.pw, c})
+        .permute({0, 7, 1, 4, 2, 5, 3, 6})
+        .reshape({1, c, t * cfg_.pt, hp * cfg_.ph, wp * cfg_.pw});
+  }
+
+ private:
+  // cos and sin of every token's angles, [seq, 1, head_dim / 2]: frame, row and column parts side by side.
+  std::pair<Tensor, Tensor> rope(int64_t t, int64_t hp, int64_t wp) const {
+    const auto grid = [&](const std::vector<Tensor>& parts) {
+      const Tensor f = parts[0].narrow(0, 0, t).view({t, 1, 1, -1}).expand({t, hp, wp, -1});
+      const Tensor r = parts[1].narrow(0, 0, hp).view({1, hp, 1, -1}).expand({t, hp, wp, -1});
+      const Tensor c = parts[2].narrow(0, 0, wp).view({1, 1, wp, -1}).expand({t, hp, wp, -1});
+      return torch::cat({f, r, c}, -1).reshape({t * hp * wp, 1, -1});
+    };
+    return {grid(rope_cos_), grid(rope_sin_)};
+  }
+
+  // x [1, S, D] queries from, ctx [1, L, D] keys and values from; RoPE on both sides where cos is given.
+  Tensor attention(const Attention& a, const Tensor& x, const Tensor& ctx, const Tensor* cos, const Tensor* sin) const {
+    const int64_t heads = cfg_.heads, d = cfg_.dim();
+    Tensor q = torch::rms_norm(a.q(x), {d}, a.norm_q, cfg_.eps).unflatten(2, {heads, -1});
+    Tensor k = torch::rms_norm(a.k(ctx), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1});
+    Tensor v = a.v(ctx).unflatten(2, {heads, -1});
+    if (cos) {
+      const auto rotate = [&](const Tensor& y) {
+        const Tensor pairs = y.unflatten(-1, {-1, 2});
+        const Tensor x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
+        return torch::stack({x1 * *cos - x2 * *sin, x1 * *sin + x2 * *cos}, -1).flatten(-2).to(y.scalar_type());
+      };
+      q = rotate(q);
+      k = rotate(k);
+    }
+    Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
+    return a.out(o.transpose(1, 2).flatten(2).to(x.scalar_type()));
+  }
+
+  WanConfig cfg_;
+  Tensor patch_w_, patch_b_;
+  Linear time_1_, time_2_, time_proj_, text_1_, text_2_, proj_out_;
+  std::vector<Block> blocks_;
+  Tensor scale_shift_out_;
+  std::vector<Tensor> rope_cos_, rope_sin_;  // frame, row, column: [rope_max_seq_len, part / 2] float32
+  Tensor freqs_;
+};
+
+struct Located {
+  fs::path transformer;  // the folder with config.json and the weights
+  fs::path scheduler;    // scheduler_config.json, which may not exist
+};
+
+// A pipeline folder (model_index.json or transformer/) or a transformer folder; nullopt for anything else.
+std::optional<Located> locate(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return std::nullopt;
+  if (fs::exists(path / "transformer" / "config.json") || fs::exists(path / "model_index.json"))
+    return Located{path / "transformer", path / "scheduler" / "scheduler_config.json"};
+  if (fs::exists(path / "config.json") && class_of(parse_object(path / "config.json")) == kClass)
+    return Located{path, path.parent_path() / "scheduler" / "scheduler_config.json"};
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool is_diffusers_transformer(const std::filesystem::path& path) { return locate(path).has_value(); }
+
+std::shared_ptr<Denoiser> load_wan_transformer(const std::filesystem::path& path, const LoadOptions& opt) {
+  const auto where = locate(path);
+  if (!where) throw ModelError(path.string() + ": not a diffusers pipeline or transformer folder");
+  const fs::path cfg_file = where->transformer / "config.json";
+  if (!fs::exists(cfg_file)) throw ModelError(path.string() + ": pipeline folder has no transformer/config.json");
+  const json::Value cfg_json = parse_object(cfg_file);
+  const std::string cls = class_of(cfg_json);
+  if (cls != kClass)
+    throw ModelError(cfg_file.string() + ": transformer \"" + cls +
+                     "\" is not supported natively (supported: " + kClass + ")");
+  const WanConfig cfg = parse_config(cfg_json, cfg_file.string());
+
+  DenoiserSpec spec;
+  spec.backend = "wan2.1";
+  spec.prediction = Prediction::flow;
+  spec.latent_space = "wan2.1";
+  spec.channels = cfg.in_channels;
+  spec.min_frames = 1;
+  spec.window = std::min(kMaxWindow, cfg.rope_max_seq_len);
+  spec.size_multiple = std::lcm(cfg.ph, cfg.pw);
+  spec.text_tokens = kTextTokens;
+  spec.text_dim = cfg.text_dim;
+  spec.sampler = parse_scheduler(where->scheduler);
+  spec.guidance = 5.0;      // WanPipeline's guidance_scale
+  spec.native_height = 60;  // 480x832 video
+  spec.native_width = 104;
+
+  WeightSource src = read_folder_weights(where->transformer);
+  auto model = std::make_shared<WanTransformer>(cfg, std::move(spec), src, opt);
+  settle_residency(src);
+  return model;
+}
+
+}  // namespace latent
