@@ -1,0 +1,255 @@
+#include "gen/umt5_encoder.h"
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "io/json.h"
+#include "latent/io/safetensors.h"
+#include "latent/io/weights.h"
+
+namespace fs = std::filesystem;
+
+namespace latent {
+namespace {
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ModelError(path.string() + ": cannot read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every tensor of the folder's weights, single file or shards, as mapped views.
+WeightSource read_text_encoder(const fs::path& dir) {
+  WeightSource src;
+  fs::path single = dir / "model.safetensors";
+  fs::path index = dir / "model.safetensors.index.json";
+  std::vector<fs::path> files;
+  if (fs::exists(single)) {
+    src.weights = single;
+    files.push_back(single);
+  } else if (fs::exists(index)) {
+    src.weights = index;
+    std::set<std::string> shards;
+    try {
+      json::Value doc = json::parse(read_text(index));
+      const json::Value* map = doc.find("weight_map");
+      if (!map || !map->is_object()) throw json::Error("no \"weight_map\" object");
+      for (const auto& [name, file] : map->as_object()) shards.insert(file.as_string());
+    } catch (const json::Error& e) {
+      throw ModelError(index.string() + ": " + e.what());
+    }
+    for (const auto& s : shards) {
+      if (s.find('/') != std::string::npos || s == "..")
+        throw ModelError(index.string() + ": shard name \"" + s + "\" is not a file in the folder");
+      if (!fs::exists(dir / s)) throw ModelError(index.string() + ": shard " + s + " is missing from " + dir.string());
+      files.push_back(dir / s);
+    }
+  } else {
+    throw ModelError(dir.string() + ": no model.safetensors or model.safetensors.index.json");
+  }
+  for (const auto& f : files) {
+    SafetensorsFile file = SafetensorsFile::open(f);
+    for (const auto& name : file.names()) {
+      if (src.tensors.count(name)) throw ModelError(f.string() + ": tensor " + name + " is also in another shard");
+      src.tensors.emplace(name, file.tensor(name));
+    }
+    src.mapped.push_back(file.mapping());
+  }
+  return src;
+}
+
+int64_t get_int(const json::Value& doc, const char* key, const std::string& where, std::optional<int64_t> def = {}) {
+  const json::Value* v = doc.find(key);
+  if (!v) {
+    if (def) return *def;
+    throw ModelError(where + ": config has no \"" + key + "\"");
+  }
+  try {
+    int64_t x = v->as_int64();
+    if (x <= 0) throw json::Error("must be positive");
+    return x;
+  } catch (const json::Error& e) {
+    throw ModelError(where + ": config \"" + key + "\": " + e.what());
+  }
+}
+
+}  // namespace
+
+Umt5Config Umt5Config::parse(const std::string& text, const std::string& where) {
+  json::Value doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::Error& e) {
+    throw ModelError(where + ": not JSON: " + e.what());
+  }
+  if (!doc.is_object()) throw ModelError(where + ": config is not a JSON object");
+  const json::Value* type = doc.find("model_type");
+  if (!type || !type->is_string() || type->as_string() != "umt5")
+    throw ModelError(where + ": \"model_type\" is " +
+                     (type && type->is_string() ? "\"" + type->as_string() + "\"" : "absent") +
+                     ", this encoder reads \"umt5\" (UMT5EncoderModel)");
+  Umt5Config c;
+  c.vocab_size = get_int(doc, "vocab_size", where);
+  c.d_model = get_int(doc, "d_model", where);
+  c.d_kv = get_int(doc, "d_kv", where);
+  c.d_ff = get_int(doc, "d_ff", where);
+  c.num_layers = get_int(doc, "num_layers", where);
+  c.num_heads = get_int(doc, "num_heads", where);
+  c.num_buckets = get_int(doc, "relative_attention_num_buckets", where, 32);
+  c.max_distance = get_int(doc, "relative_attention_max_distance", where, 128);
+  if (const json::Value* e = doc.find("layer_norm_epsilon")) {
+    try {
+      c.eps = e->as_double();
+    } catch (const json::Error& err) {
+      throw ModelError(where + ": config \"layer_norm_epsilon\": " + err.what());
+    }
+  }
+  // UMT5Config: "gated-gelu" means gelu_new; otherwise the activation named after an optional "gated-".
+  std::string proj = "gated-gelu";
+  if (const json::Value* p = doc.find("feed_forward_proj"); p && p->is_string()) proj = p->as_string();
+  c.gated = proj.rfind("gated-", 0) == 0;
+  c.act = c.gated ? proj.substr(6) : proj;
+  if (proj == "gated-gelu") c.act = "gelu_new";
+  if (const json::Value* a = doc.find("dense_act_fn"); a && a->is_string()) c.act = a->as_string();
+  static const std::set<std::string> known = {"gelu_new", "gelu_pytorch_tanh", "gelu", "relu"};
+  if (!known.count(c.act))
+    throw ModelError(where + ": activation \"" + c.act + "\" (feed_forward_proj / dense_act_fn) is not supported");
+  if (c.num_buckets < 4 || c.max_distance <= c.num_buckets / 4)
+    throw ModelError(where + ": relative_attention_num_buckets / relative_attention_max_distance out of range");
+  return c;
+}
+
+Umt5Encoder::Umt5Encoder(const fs::path& dir, torch::Device device, torch::ScalarType dtype)
+    : device_(device), dtype_(dtype) {
+  if (!fs::is_directory(dir)) throw ModelError(dir.string() + ": no text encoder folder");
+  fs::path cfg = dir / "config.json";
+  if (!fs::exists(cfg)) throw ModelError(dir.string() + ": folder has no config.json");
+  config_ = Umt5Config::parse(read_text(cfg), cfg.string());
+  const auto& c = config_;
+  WeightSource src = read_text_encoder(dir);
+  WeightReader r(src, device, dtype);
+  const int64_t inner = c.num_heads * c.d_kv;
+  shared_ = r.take("shared.weight", {c.vocab_size, c.d_model});
+  // Tied to shared.weight; some exports write both.
+  if (src.tensors.count("encoder.embed_tokens.weight"))
+    r.take("encoder.embed_tokens.weight", {c.vocab_size, c.d_model});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    std::string p = "encoder.block." + std::to_string(i) + ".layer.";
+    Layer l;
+    l.attn_norm = r.take(p + "0.layer_norm.weight", {c.d_model});
+    l.q = r.take(p + "0.SelfAttention.q.weight", {inner, c.d_model});
+    l.k = r.take(p + "0.SelfAttention.k.weight", {inner, c.d_model});
+    l.v = r.take(p + "0.SelfAttention.v.weight", {inner, c.d_model});
+    l.o = r.take(p + "0.SelfAttention.o.weight", {c.d_model, inner});
+    l.rel_bias = r.take(p + "0.SelfAttention.relative_attention_bias.weight", {c.num_buckets, c.num_heads});
+    l.ff_norm = r.take(p + "1.layer_norm.weight", {c.d_model});
+    if (c.gated) {
+      l.wi_0 = r.take(p + "1.DenseReluDense.wi_0.weight", {c.d_ff, c.d_model});
+      l.wi_1 = r.take(p + "1.DenseReluDense.wi_1.weight", {c.d_ff, c.d_model});
+    } else {
+      l.wi_0 = r.take(p + "1.DenseReluDense.wi.weight", {c.d_ff, c.d_model});
+    }
+    l.wo = r.take(p + "1.DenseReluDense.wo.weight", {c.d_model, c.d_ff});
+    layers_.push_back(std::move(l));
+  }
+  final_norm_ = r.take("encoder.final_layer_norm.weight", {c.d_model});
+  r.finish();
+}
+
+void Umt5Encoder::release() {
+  shared_ = torch::Tensor();
+  layers_.clear();
+  layers_.shrink_to_fit();
+  final_norm_ = torch::Tensor();
+}
+
+// UMT5LayerNorm: variance in fp32, no mean, no bias; back to the weight's dtype only for half types.
+torch::Tensor Umt5Encoder::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  auto variance = x.to(torch::kFloat32).pow(2).mean(-1, true);
+  auto h = x * torch::rsqrt(variance + config_.eps);
+  if (w.scalar_type() == torch::kFloat16 || w.scalar_type() == torch::kBFloat16) h = h.to(w.scalar_type());
+  return w * h;
+}
+
+torch::Tensor Umt5Encoder::act(const torch::Tensor& x) const {
+  const auto& a = config_.act;
+  if (a == "gelu_new") {
+    // transformers' NewGELUActivation, written out as it is there.
+    return 0.5 * x * (1.0 + torch::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * torch::pow(x, 3.0))));
+  }
+  if (a == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  if (a == "gelu") return torch::gelu(x);
+  return torch::relu(x);
+}
+
+// UMT5Attention._relative_position_bucket for the encoder (bidirectional), the same tensor ops in the same order
+// so the float32 logarithm rounds as it does there.
+torch::Tensor Umt5Encoder::buckets(int64_t length) const {
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
+  auto context = torch::arange(length, opts).unsqueeze(1);
+  auto memory = torch::arange(length, opts).unsqueeze(0);
+  auto rel = memory - context;
+  int64_t num_buckets = config_.num_buckets / 2;
+  auto out = (rel > 0).to(torch::kLong) * num_buckets;
+  rel = torch::abs(rel);
+  int64_t max_exact = num_buckets / 2;
+  auto is_small = rel < max_exact;
+  auto log_ratio = torch::log(rel.to(torch::kFloat) / static_cast<double>(max_exact)) /
+                   std::log(static_cast<double>(config_.max_distance) / static_cast<double>(max_exact));
+  log_ratio = log_ratio * static_cast<double>(num_buckets - max_exact);
+  auto if_large = max_exact + log_ratio.to(torch::kLong);
+  if_large = torch::min(if_large, torch::full_like(if_large, num_buckets - 1));
+  return out + torch::where(is_small, rel, if_large);
+}
+
+torch::Tensor Umt5Encoder::forward(const torch::Tensor& ids_in, const torch::Tensor& mask) const {
+  if (!shared_.defined()) throw ModelError("text encoder: the weights were released");
+  torch::NoGradGuard no_grad;
+  const auto& c = config_;
+  TORCH_CHECK(ids_in.dim() == 2, "text encoder: ids must be [batch, length]");
+  auto ids = ids_in.to(device_, torch::kLong);
+  const int64_t B = ids.size(0), L = ids.size(1);
+  if (L == 0) return torch::zeros({B, 0, c.d_model}, torch::TensorOptions().dtype(dtype_).device(device_));
+  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= c.vocab_size)
+    throw ModelError("text encoder: a token id is outside the vocabulary of " + std::to_string(c.vocab_size));
+
+  auto h = torch::embedding(shared_, ids);
+  auto bucket = buckets(L);
+  torch::Tensor pad;  // [B, 1, 1, L] true where the key is padding
+  if (mask.defined()) pad = (mask.to(device_) == 0).view({B, 1, 1, L});
+  const bool fp16 = dtype_ == torch::kFloat16;
+  auto clamp16 = [&](torch::Tensor x) {
+    if (!fp16) return x;
+    double max = 65504.0;
+    double v = torch::isinf(x).any().item<bool>() ? max - 1000 : max;
+    return torch::clamp(x, -v, v);
+  };
+  for (const auto& l : layers_) {
+    auto x = rms_norm(h, l.attn_norm);
+    auto q = torch::linear(x, l.q).view({B, L, c.num_heads, c.d_kv}).transpose(1, 2);
+    auto k = torch::linear(x, l.k).view({B, L, c.num_heads, c.d_kv}).transpose(1, 2);
+    auto v = torch::linear(x, l.v).view({B, L, c.num_heads, c.d_kv}).transpose(1, 2);
+    // Each umT5 layer has its own bias table (T5 shares layer 0's); no 1/sqrt(d) scaling.
+    auto bias = torch::embedding(l.rel_bias, bucket).permute({2, 0, 1}).unsqueeze(0).to(q.scalar_type());
+    if (pad.defined())
+      bias = torch::where(pad, torch::full({}, -std::numeric_limits<double>::infinity(), bias.options()), bias);
+    auto a = at::scaled_dot_product_attention(q, k, v, bias, 0.0, false, 1.0);
+    a = a.transpose(1, 2).reshape({B, L, c.num_heads * c.d_kv});
+    h = clamp16(h + torch::linear(a, l.o));
+    x = rms_norm(h, l.ff_norm);
+    auto f = c.gated ? act(torch::linear(x, l.wi_0)) * torch::linear(x, l.wi_1) : act(torch::linear(x, l.wi_0));
+    h = clamp16(h + torch::linear(f.to(l.wo.scalar_type()), l.wo));
+  }
+  return rms_norm(h, final_norm_);
+}
+
+}  // namespace latent
