@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -77,6 +78,25 @@ void write_embeds(const std::string& path, const char* name, std::vector<int> sh
   const uint64_t len = header.size();
   f.write(reinterpret_cast<const char*>(&len), 8);
   f << header << std::string(n * 4, '\0');
+}
+
+// The tiny random diffusers Wan 2.1 pipeline folder (tests/fixtures/gen_wan_transformer_fixtures.py).
+std::string wan_fixture() {
+  const char* d = g_getenv("LATENT_WAN_TRANSFORMER_FIXTURES");
+  return d && fs::exists(std::string(d) + "/stamp") ? std::string(d) + "/pipeline" : "";
+}
+
+bool all_finite(GstBuffer* b) {
+  GstMapInfo m;
+  gst_buffer_map(b, &m, GST_MAP_READ);
+  bool ok = m.size % sizeof(float) == 0;
+  for (size_t i = 0; ok && i < m.size / sizeof(float); ++i) {
+    float v;
+    memcpy(&v, m.data + i * sizeof(float), sizeof v);
+    ok = std::isfinite(v);
+  }
+  gst_buffer_unmap(b, &m);
+  return ok;
 }
 
 }  // namespace
@@ -361,6 +381,48 @@ GST_START_TEST(test_seek_to_start_replays_and_others_are_refused) {
 }
 GST_END_TEST;
 
+// A diffusers Wan 2.1 folder runs natively: the prompt embeddings come from prompt-embeds (with the negative ones,
+// since the folder's default guidance is 5), the sampler from its scheduler config, and the latents are Wan's.
+GST_START_TEST(test_native_wan_folder_generates) {
+  const std::string dir = fs::temp_directory_path() / ("videogen-wan-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string embeds = dir + "/prompt.safetensors";
+  {
+    // Two zero tensors [1, 512, 24] (the fixture's text_dim) back to back.
+    const size_t bytes = 512 * 24 * 4;
+    const std::string header =
+        "{\"negative_prompt_embeds\":{\"dtype\":\"F32\",\"shape\":[1,512,24],"
+        "\"data_offsets\":[0," +
+        std::to_string(bytes) +
+        "]},\"prompt_embeds\":{\"dtype\":"
+        "\"F32\",\"shape\":[1,512,24],\"data_offsets\":[" +
+        std::to_string(bytes) + "," + std::to_string(2 * bytes) + "]}}";
+    std::ofstream f(embeds, std::ios::binary);
+    const uint64_t len = header.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << header << std::string(2 * bytes, '\0');
+  }
+  const std::string desc = "videogen model=" + wan_fixture() + " prompt-embeds=" + embeds +
+                           " width=96 height=64 steps=2 num-frames=5 schedule=clip ! appsink name=out";
+  Out a, b;
+  run(desc, a);
+  fail_unless(a.error.empty(), "%s", a.error.c_str());
+  fail_unless_equals_int(a.buffers.size(), 2);  // frame 0, frames 1-4
+  GstStructure* st = gst_caps_get_structure(a.caps, 0);
+  fail_unless_equals_string(gst_structure_get_string(st, "model"), "wan2.1");
+  fail_unless_equals_int(caps_int(a.caps, "channels"), 16);
+  fail_unless_equals_int(caps_int(a.caps, "width"), 12);
+  fail_unless_equals_int(caps_int(a.caps, "height"), 8);
+  for (GstBuffer* buf : a.buffers) {
+    fail_unless_equals_uint64(gst_buffer_get_size(buf), 16 * 8 * 12 * sizeof(float));
+    fail_unless(all_finite(buf));
+  }
+  run(desc, b);
+  fail_unless(same_stream(a, b), "the same seed gave another stream");
+  fs::remove_all(dir);
+}
+GST_END_TEST;
+
 GST_START_TEST(test_enums_list_their_values) {
   GstElement* e = gst_element_factory_make("videogen", nullptr);
   fail_unless(e != nullptr);
@@ -409,6 +471,10 @@ static Suite* videogen_suite() {
   tcase_add_test(tc, test_enums_list_their_values);
   tcase_add_test(tc, test_enums_are_plugin_api_and_packages_need_trust);
   tcase_add_test(tc, test_default_generator_makes_video);
+  if (!wan_fixture().empty())
+    tcase_add_test(tc, test_native_wan_folder_generates);
+  else
+    g_print("SKIP: no Wan transformer fixture (LATENT_WAN_TRANSFORMER_FIXTURES unset)\n");
   if (generator_fixture().empty() || !fs::exists(generator_fixture())) {
     g_print("SKIP: no generator fixture (LATENT_SMALL_DENOISER_FIXTURES unset)\n");
     return s;

@@ -8,9 +8,12 @@
 // modulation are computed once per frame here and broadcast over that frame's tokens, which is the same values.
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 
