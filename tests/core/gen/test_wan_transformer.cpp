@@ -13,6 +13,7 @@
 #include "gen/backends.h"
 #include "io/json.h"
 #include "latent/gen/denoiser.h"
+#include "latent/gen/generator.h"
 #include "latent/io/safetensors.h"
 #include "latent/io/weights.h"
 
@@ -102,6 +103,36 @@ TEST(WanTransformer, Bfloat16CloseToFp32) {
     const double err = rel_error(predict(*bf16, c), tensor(c + ".out"));
     std::printf("%s bf16: max abs error relative to fp32 diffusers %.3g\n", c.c_str(), err);
     EXPECT_LE(err, 5e-2) << c;
+  }
+}
+
+// End to end against diffusers' WanPipeline (output_type="latent", latents= the noise the generator draws from the
+// same seed): the folder's UniPC, 3 steps, with guidance 5 (the folder's default) and without. Each model call
+// differs by a few 1e-7 of its scale (above); guidance multiplies the difference of two calls by 5 and the sampler
+// carries it through 3 steps, which stays well under the 1e-4 relative.
+TEST(WanTransformer, ClipEqualsDiffusersWanPipeline) {
+  LATENT_REQUIRE_WAN_FIXTURES();
+  for (int guidance : {5, 1}) {
+    GeneratorOptions o;
+    o.schedule = ScheduleKind::clip;
+    o.sampler = model()->spec().sampler;
+    o.sampler.steps = 3;
+    o.frames = 5;
+    o.height = 8;
+    o.width = 12;
+    o.seed = 7;
+    o.guidance = guidance;
+    o.text = tensor("pipe.text");
+    o.negative_text = tensor("pipe.negative_text");
+    Generator g(model(), o);
+    std::vector<torch::Tensor> latents;
+    while (!g.finished())
+      for (auto& f : g.next()) latents.push_back(f.latent);
+    const torch::Tensor want = tensor("pipe.g" + std::to_string(guidance) + ".latents");
+    const double err = rel_error(torch::cat(latents, 2), want);
+    std::printf("clip, unipc, 3 steps, guidance %d: max |C++ - WanPipeline| / max |WanPipeline| = %.3g\n", guidance,
+                err);
+    EXPECT_LE(err, 1e-4) << "guidance " << guidance;
   }
 }
 
