@@ -205,6 +205,9 @@ SamplerOptions parse_scheduler(const fs::path& file) {
     if (r.boolean(key, fallback) != want) r.fail(key, std::string("must be ") + (want ? "true" : "false"));
   };
   s.train_timesteps = r.integer("num_train_timesteps", 1000, 1, 100000);
+  // A terminal stretch of the shifted sigmas, which the samplers do not make.
+  if (const json::Value* t = r.get("shift_terminal"); t && !(t->is_number() && t->as_double() == 0))
+    r.fail("shift_terminal", "is set: a stretched schedule is not supported");
   if (cls == "UniPCMultistepScheduler") {
     s.kind = SamplerKind::unipc;
     s.shift = r.number("flow_shift", 1.0, 1e-3, 1e3);
@@ -223,6 +226,9 @@ SamplerOptions parse_scheduler(const fs::path& file) {
   } else if (cls == "FlowMatchEulerDiscreteScheduler") {
     s.kind = SamplerKind::euler;
     s.shift = r.number("shift", 1.0, 1e-3, 1e3);
+    for (const char* k : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_dynamic_shifting",
+                          "invert_sigmas", "stochastic_sampling"})
+      require_bool(k, false, false);
   } else {
     throw ModelError(where + ": scheduler \"" + cls +
                      "\" is not supported (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)");
