@@ -14,7 +14,8 @@ namespace {
 
 class WanTextEncoder final : public TextEncoder {
  public:
-  WanTextEncoder(const fs::path& dir, const Options& options) : max_length_(options.max_length) {
+  WanTextEncoder(const fs::path& dir, const Options& options)
+      : max_length_(options.max_length), run_padding_(options.run_padding) {
     if (max_length_ < 1) throw ModelError("text encoder: max_length must be at least 1");
     tokenizer_ = T5Tokenizer::load(dir / "tokenizer");
     encoder_ = std::make_unique<Umt5Encoder>(dir / "text_encoder", options.device, options.dtype);
@@ -31,10 +32,19 @@ class WanTextEncoder final : public TextEncoder {
   torch::Tensor encode(const std::string& prompt) override {
     auto ids = tokenize(prompt);
     const auto n = static_cast<int64_t>(ids.size());
-    // Only the prompt's own tokens go through the encoder: the pipeline pads to max_length, but padding keys are
-    // masked out, so the real rows do not depend on them, and the pipeline zeroes the padding rows afterwards.
+    // By default only the prompt's own tokens go through the encoder: the pipeline pads to max_length, but the
+    // padding keys are masked out, so the real rows do not depend on them, and it zeroes the padding rows after.
     auto t = torch::tensor(ids, torch::kLong).view({1, n});
-    auto h = encoder_->forward(t);
+    torch::Tensor h;
+    if (run_padding_) {
+      auto padded = torch::full({1, max_length_}, tokenizer_->pad_id(), torch::kLong);
+      padded.narrow(1, 0, n).copy_(t);
+      auto mask = torch::zeros({1, max_length_}, torch::kLong);
+      mask.narrow(1, 0, n).fill_(1);
+      h = encoder_->forward(padded, mask).narrow(1, 0, n);
+    } else {
+      h = encoder_->forward(t);
+    }
     auto out = torch::zeros({1, max_length_, dim_}, h.options());
     out.narrow(1, 0, n).copy_(h);
     return out;
@@ -46,6 +56,7 @@ class WanTextEncoder final : public TextEncoder {
 
  private:
   int64_t max_length_;
+  bool run_padding_;
   int64_t dim_ = 0;
   std::unique_ptr<T5Tokenizer> tokenizer_;
   std::unique_ptr<Umt5Encoder> encoder_;

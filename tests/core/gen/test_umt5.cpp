@@ -142,6 +142,34 @@ TEST(Umt5, EmbeddingsMatchPipeline) {
   }
 }
 
+// bfloat16 weights and compute, as the pipelines usually load the encoder. bf16 itself is 0.6-9% of the output
+// scale from float64 here (random weights of std 0.5 amplify every rounding). Run as the pipeline runs it (padding
+// included) the same ops in the same dtype give transformers' result (1e-3: a quarter of one bf16 step); run on
+// the prompt's tokens only, some roundings differ by one step and grow through the layers (1-2% seen; 4% bound).
+TEST(Umt5, Bfloat16MatchesTransformers) {
+  REQUIRE_TOKENIZER();
+  auto ps = prompts();
+  for (bool run_padding : {true, false}) {
+    TextEncoder::Options opt;
+    opt.dtype = torch::kBFloat16;
+    opt.run_padding = run_padding;
+    auto enc = TextEncoder::load(fixtures() / "pipeline", opt);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      std::string key = "p" + std::to_string(i) + ".L512";
+      auto got = enc->encode(ps[i]);
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+      auto want = fixture(key + ".embeds_bf16").to(torch::kFloat);
+      auto want64 = fixture(key + ".embeds64");
+      double scale = want64.abs().max().item<double>();
+      double err = (got.to(torch::kFloat) - want).abs().max().item<double>() / scale;
+      double err_bf16 = (want.to(torch::kDouble) - want64).abs().max().item<double>() / scale;
+      std::cout << key << " bf16" << (run_padding ? " (padding run)" : "") << ": max error " << err
+                << " relative to transformers' bf16, which is " << err_bf16 << " from float64\n";
+      EXPECT_LE(err, run_padding ? 1e-3 : 4e-2) << key;
+    }
+  }
+}
+
 TEST(Umt5, ReleaseFreesWeights) {
   REQUIRE_TOKENIZER();
   auto enc = TextEncoder::load(fixtures() / "pipeline");

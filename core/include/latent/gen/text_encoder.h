@@ -24,6 +24,11 @@ class TextEncoder {
     torch::ScalarType dtype = torch::kFloat32;
     // The pipeline's max_sequence_length: 512 for Wan 2.1.
     int64_t max_length = 512;
+    // Run the padding tokens through the encoder too, as the pipeline does. Their keys are masked, so the prompt's
+    // rows do not depend on them mathematically; running them only changes rounding, which matters in bf16 and
+    // fp16 (identical to transformers with it, about one bf16 step apart without) at max_length / tokens times
+    // the compute. In float32 both agree with transformers to ~1e-6.
+    bool run_padding = false;
   };
 
   // Whether this build can tokenise (it links the sentencepiece library); load() throws where it cannot.
