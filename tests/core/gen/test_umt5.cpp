@@ -183,6 +183,22 @@ TEST(Umt5, ReleaseFreesWeights) {
   EXPECT_EQ(enc->tokenize("a red fox").back(), 1);
 }
 
+// A 100 kB prompt is cut, not refused; broken UTF-8 is an error, not a crash.
+TEST(Umt5, HugeAndBrokenPrompts) {
+  REQUIRE_TOKENIZER();
+  TextEncoder::Options opt;
+  opt.max_length = 16;
+  auto enc = TextEncoder::load(fixtures() / "pipeline", opt);
+  std::string huge;
+  while (huge.size() < 100 * 1024) huge += "a red fox &amp; </s> ";
+  auto ids = enc->tokenize(huge);
+  ASSERT_EQ(ids.size(), 16u);
+  EXPECT_EQ(ids.back(), 1);
+  EXPECT_EQ(enc->encode(huge).sizes(), (std::vector<int64_t>{1, 16, 32}));
+  EXPECT_EQ(enc->tokenize(""), std::vector<int64_t>{1});
+  EXPECT_THROW(enc->encode("fox \xc3"), ModelError);
+}
+
 TEST(Umt5, BadFoldersGiveClearErrors) {
   REQUIRE_TOKENIZER();
   fs::path base = fs::temp_directory_path() / ("latent-umt5-" + std::to_string(::getpid()));
