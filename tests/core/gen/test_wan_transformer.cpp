@@ -182,8 +182,8 @@ TEST(WanTransformer, Spec) {
   EXPECT_EQ(s.sampler.shift, 3.0);
   EXPECT_EQ(s.sampler.steps, 50);
   EXPECT_EQ(s.sampler.train_timesteps, 1000);
-  // A transformer folder alone: Wan 2.1's scheduler defaults.
-  EXPECT_EQ(model("pipeline/transformer")->spec().sampler.kind, SamplerKind::unipc);
+  // A transformer folder reads the scheduler beside it.
+  EXPECT_EQ(model("pipeline/transformer")->spec().sampler.shift, 3.0);
 }
 
 TEST(WanTransformer, RejectsOddSizes) {
@@ -300,6 +300,12 @@ TEST_F(WanFolder, ConfigErrorsNameTheKey) {
 
 TEST_F(WanFolder, SchedulerConfigRead) {
   const fs::path p = dir_ / "pipeline" / "scheduler" / "scheduler_config.json";
+  // None: what Wan2.1-T2V-1.3B-Diffusers' scheduler config says.
+  fs::remove(p);
+  const SamplerOptions defaults = load_denoiser(dir_ / "pipeline")->spec().sampler;
+  EXPECT_EQ(defaults.kind, SamplerKind::unipc);
+  EXPECT_EQ(defaults.shift, 3.0);
+  EXPECT_EQ(defaults.steps, 50);
   std::ofstream(p) << R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 7.0})";
   EXPECT_EQ(load_denoiser(dir_ / "pipeline")->spec().sampler.kind, SamplerKind::euler);
   EXPECT_EQ(load_denoiser(dir_ / "pipeline")->spec().sampler.shift, 7.0);
