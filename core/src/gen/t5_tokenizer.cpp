@@ -1,11 +1,10 @@
 #include "gen/t5_tokenizer.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "io/json.h"
+#include "io/weight_files.h"
 #include "latent/io/weights.h"
 
 #ifdef LATENT_HAVE_SENTENCEPIECE
@@ -44,14 +43,6 @@ struct AddedToken {
   bool rstrip = false;
 };
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelError(path.string() + ": cannot read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 const json::Value& member(const json::Value& v, const char* key) {
   const json::Value* m = v.find(key);
   if (!m) throw json::Error(std::string("an added token has no \"") + key + "\"");
@@ -69,7 +60,7 @@ std::vector<AddedToken> read_added_tokens(const fs::path& dir) {
   std::vector<AddedToken> out;
   try {
     if (fs::exists(dir / "tokenizer.json")) {
-      json::Value doc = json::parse(read_file(dir / "tokenizer.json"));
+      json::Value doc = json::parse(read_text_file(dir / "tokenizer.json"));
       const json::Value* list = doc.find("added_tokens");
       if (list && list->is_array()) {
         for (const auto& t : list->as_array())
@@ -77,7 +68,7 @@ std::vector<AddedToken> read_added_tokens(const fs::path& dir) {
               {member(t, "content").as_string(), member(t, "id").as_int64(), flag(t, "lstrip"), flag(t, "rstrip")});
       }
     } else if (fs::exists(dir / "tokenizer_config.json")) {
-      json::Value doc = json::parse(read_file(dir / "tokenizer_config.json"));
+      json::Value doc = json::parse(read_text_file(dir / "tokenizer_config.json"));
       const json::Value* map = doc.find("added_tokens_decoder");
       if (map && map->is_object()) {
         for (const auto& [id, t] : map->as_object())

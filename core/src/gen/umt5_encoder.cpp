@@ -4,13 +4,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "io/json.h"
+#include "io/weight_files.h"
 #include "latent/io/safetensors.h"
 #include "latent/io/weights.h"
 
@@ -18,54 +17,6 @@ namespace fs = std::filesystem;
 
 namespace latent {
 namespace {
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelError(path.string() + ": cannot read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Every tensor of the folder's weights, single file or shards, as mapped views.
-WeightSource read_text_encoder(const fs::path& dir) {
-  WeightSource src;
-  fs::path single = dir / "model.safetensors";
-  fs::path index = dir / "model.safetensors.index.json";
-  std::vector<fs::path> files;
-  if (fs::exists(single)) {
-    src.weights = single;
-    files.push_back(single);
-  } else if (fs::exists(index)) {
-    src.weights = index;
-    std::set<std::string> shards;
-    try {
-      json::Value doc = json::parse(read_text(index));
-      const json::Value* map = doc.find("weight_map");
-      if (!map || !map->is_object()) throw json::Error("no \"weight_map\" object");
-      for (const auto& [name, file] : map->as_object()) shards.insert(file.as_string());
-    } catch (const json::Error& e) {
-      throw ModelError(index.string() + ": " + e.what());
-    }
-    for (const auto& s : shards) {
-      if (s.find('/') != std::string::npos || s == "..")
-        throw ModelError(index.string() + ": shard name \"" + s + "\" is not a file in the folder");
-      if (!fs::exists(dir / s)) throw ModelError(index.string() + ": shard " + s + " is missing from " + dir.string());
-      files.push_back(dir / s);
-    }
-  } else {
-    throw ModelError(dir.string() + ": no model.safetensors or model.safetensors.index.json");
-  }
-  for (const auto& f : files) {
-    SafetensorsFile file = SafetensorsFile::open(f);
-    for (const auto& name : file.names()) {
-      if (src.tensors.count(name)) throw ModelError(f.string() + ": tensor " + name + " is also in another shard");
-      src.tensors.emplace(name, file.tensor(name));
-    }
-    src.mapped.push_back(file.mapping());
-  }
-  return src;
-}
 
 int64_t get_int(const json::Value& doc, const char* key, const std::string& where, std::optional<int64_t> def = {}) {
   const json::Value* v = doc.find(key);
@@ -133,9 +84,9 @@ Umt5Encoder::Umt5Encoder(const fs::path& dir, torch::Device device, torch::Scala
   if (!fs::is_directory(dir)) throw ModelError(dir.string() + ": no text encoder folder");
   fs::path cfg = dir / "config.json";
   if (!fs::exists(cfg)) throw ModelError(dir.string() + ": folder has no config.json");
-  config_ = Umt5Config::parse(read_text(cfg), cfg.string());
+  config_ = Umt5Config::parse(read_text_file(cfg), cfg.string());
   const auto& c = config_;
-  WeightSource src = read_text_encoder(dir);
+  WeightSource src = read_safetensors_folder(dir, "model");
   WeightReader r(src, device, dtype);
   const int64_t inner = c.num_heads * c.d_kv;
   shared_ = r.take("shared.weight", {c.vocab_size, c.d_model});

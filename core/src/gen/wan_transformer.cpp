@@ -10,8 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -19,6 +17,7 @@
 
 #include "gen/backends.h"
 #include "io/json.h"
+#include "io/weight_files.h"
 #include "latent/io/safetensors.h"
 #include "memory/residency.h"
 
@@ -47,18 +46,10 @@ struct WanConfig {
   int64_t dim() const { return heads * head_dim; }
 };
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw ModelError(p.string() + ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 json::Value parse_object(const fs::path& p) {
   json::Value v;
   try {
-    v = json::parse(read_text(p));
+    v = json::parse(read_text_file(p));
   } catch (const json::Error& e) {
     throw ModelError(p.string() + ": not valid JSON: " + e.what());
   }
@@ -234,49 +225,6 @@ SamplerOptions parse_scheduler(const fs::path& file) {
                      "\" is not supported (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)");
   }
   return s;
-}
-
-// Every tensor of a diffusers model folder: one safetensors file, or the shards its index names.
-WeightSource read_folder_weights(const fs::path& dir) {
-  WeightSource src;
-  const fs::path single = dir / "diffusion_pytorch_model.safetensors";
-  const fs::path index = dir / "diffusion_pytorch_model.safetensors.index.json";
-  std::vector<fs::path> files;
-  json::Value idx;
-  if (fs::exists(single)) {
-    files.push_back(single);
-    src.weights = single;
-  } else if (fs::exists(index)) {
-    idx = parse_object(index);
-    const json::Value* map = idx.find("weight_map");
-    if (!map || !map->is_object()) throw ModelError(index.string() + ": no \"weight_map\" object");
-    std::set<std::string> names;
-    for (const auto& [k, f] : map->as_object()) {
-      if (!f.is_string() || f.as_string().find('/') != std::string::npos)
-        throw ModelError(index.string() + ": weight_map entry \"" + k + "\" is not a file name in the folder");
-      if (names.insert(f.as_string()).second) files.push_back(dir / f.as_string());
-    }
-    for (const auto& f : files)
-      if (!fs::exists(f)) throw ModelError(index.string() + ": shard " + f.filename().string() + " is missing");
-    src.weights = index;
-  } else {
-    throw ModelError(dir.string() + ": no diffusion_pytorch_model.safetensors nor its .index.json");
-  }
-  std::map<std::string, fs::path> from;
-  for (const auto& f : files) {
-    auto st = SafetensorsFile::open(f);
-    for (const auto& name : st.names()) {
-      if (!src.tensors.emplace(name, st.tensor(name)).second)
-        throw ModelError(f.string() + ": tensor \"" + name + "\" is also in " + from[name].filename().string());
-      from[name] = f;
-    }
-    src.mapped.push_back(st.mapping());
-  }
-  if (!idx.is_null())
-    for (const auto& [k, f] : idx.find("weight_map")->as_object())
-      if (auto it = from.find(k); it == from.end() || it->second.filename() != f.as_string())
-        throw ModelError(index.string() + ": \"" + k + "\" is not in " + f.as_string());
-  return src;
 }
 
 struct Linear {
@@ -525,7 +473,7 @@ std::shared_ptr<Denoiser> load_wan_transformer(const std::filesystem::path& path
   spec.native_height = 60;  // 480x832 video
   spec.native_width = 104;
 
-  WeightSource src = read_folder_weights(where->transformer);
+  WeightSource src = read_safetensors_folder(where->transformer, "diffusion_pytorch_model");
   auto model = std::make_shared<WanTransformer>(cfg, std::move(spec), src, opt);
   settle_residency(src);
   return model;

@@ -9,13 +9,17 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "io/json.h"
 #include "io/pth_format.h"
+#include "io/weight_files.h"
 #include "latent/io/safetensors.h"
 
 namespace latent {
@@ -42,13 +46,7 @@ ModelConfig checked_config(std::string text, const std::string& where) {
   return cfg;
 }
 
-ModelConfig read_config_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelError(path.string() + ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return checked_config(ss.str(), path.string());
-}
+ModelConfig read_config_file(const fs::path& path) { return checked_config(read_text_file(path), path.string()); }
 
 void read_safetensors(const fs::path& file, WeightSource& out) {
   auto st = SafetensorsFile::open(file);
@@ -155,6 +153,60 @@ void read_pickle(const fs::path& file, WeightSource& out) {
 }
 
 }  // namespace
+
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ModelError(path.string() + ": cannot read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+WeightSource read_safetensors_folder(const fs::path& dir, const std::string& stem) {
+  WeightSource src;
+  const fs::path single = dir / (stem + ".safetensors");
+  const fs::path index = dir / (stem + ".safetensors.index.json");
+  std::vector<fs::path> files;
+  json::Value idx;
+  if (fs::exists(single)) {
+    files.push_back(single);
+    src.weights = single;
+  } else if (fs::exists(index)) {
+    try {
+      idx = json::parse(read_text_file(index));
+    } catch (const json::Error& e) {
+      throw ModelError(index.string() + ": not valid JSON: " + e.what());
+    }
+    const json::Value* map = idx.find("weight_map");
+    if (!map || !map->is_object()) throw ModelError(index.string() + ": no \"weight_map\" object");
+    std::set<std::string> names;
+    for (const auto& [k, f] : map->as_object()) {
+      if (!f.is_string() || f.as_string().find('/') != std::string::npos || f.as_string() == "..")
+        throw ModelError(index.string() + ": weight_map entry \"" + k + "\" is not a file name in the folder");
+      if (names.insert(f.as_string()).second) files.push_back(dir / f.as_string());
+    }
+    for (const auto& f : files)
+      if (!fs::exists(f)) throw ModelError(index.string() + ": shard " + f.filename().string() + " is missing");
+    src.weights = index;
+  } else {
+    throw ModelError(dir.string() + ": no " + single.filename().string() + " nor its .index.json");
+  }
+  std::map<std::string, fs::path> from;
+  for (const auto& f : files) {
+    auto st = SafetensorsFile::open(f);
+    for (const auto& name : st.names()) {
+      if (!src.tensors.emplace(name, st.tensor(name)).second)
+        throw ModelError(f.string() + ": tensor \"" + name + "\" is also in " + from[name].filename().string());
+      from[name] = f;
+    }
+    src.mapped.push_back(st.mapping());
+  }
+  if (!idx.is_null())
+    for (const auto& [k, f] : idx.find("weight_map")->as_object())
+      if (auto it = from.find(k); it == from.end() || it->second.filename() != f.as_string())
+        throw ModelError(index.string() + ": \"" + k + "\" is not in " + f.as_string());
+  return src;
+}
 
 WeightSource read_weights(const fs::path& path) {
   WeightSource out;
