@@ -589,11 +589,13 @@ void finalize(GObject* object) {
 
 void install_properties(GObjectClass* gobject) {
   latent::gst::install_model_properties(
-      gobject, std::string("The video diffusion model (denoiser): a .pt2 package exported by "
-                           "tools/export_denoiser.py, or latent-gen-small weights. A .pt2 package holds compiled "
-                           "native code that runs in this process: load only packages you trust, as you would a "
-                           "shared library. Unset: the embedded default generator, ") +
-                   latent::kDefaultGeneratorFile + " (small, unconditional, trained for demos and tests)");
+      gobject,
+      std::string("The video diffusion model (denoiser): a diffusers Wan 2.1 pipeline or transformer folder (run "
+                  "natively, any size and frame count), a .pt2 package exported by "
+                  "tools/export_denoiser.py, or latent-gen-small weights. A .pt2 package holds compiled "
+                  "native code that runs in this process: load only packages you trust, as you would a "
+                  "shared library. Unset: the embedded default generator, ") +
+          latent::kDefaultGeneratorFile + " (small, unconditional, trained for demos and tests)");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
