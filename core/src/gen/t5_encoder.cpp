@@ -1,4 +1,4 @@
-#include "gen/umt5_encoder.h"
+#include "gen/t5_encoder.h"
 
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/torch.h>
@@ -35,7 +35,7 @@ int64_t get_int(const json::Value& doc, const char* key, const std::string& wher
 
 }  // namespace
 
-Umt5Config Umt5Config::parse(const std::string& text, const std::string& where) {
+T5EncoderConfig T5EncoderConfig::parse(const std::string& text, const std::string& where) {
   json::Value doc;
   try {
     doc = json::parse(text);
@@ -44,11 +44,15 @@ Umt5Config Umt5Config::parse(const std::string& text, const std::string& where) 
   }
   if (!doc.is_object()) throw ModelError(where + ": config is not a JSON object");
   const json::Value* type = doc.find("model_type");
-  if (!type || !type->is_string() || type->as_string() != "umt5")
+  T5EncoderConfig c;
+  if (type && type->is_string() && type->as_string() == "umt5")
+    c.variant = Variant::UMT5;
+  else if (type && type->is_string() && type->as_string() == "t5")
+    c.variant = Variant::T5;
+  else
     throw ModelError(where + ": \"model_type\" is " +
-                     (type && type->is_string() ? "\"" + type->as_string() + "\"" : "absent") +
-                     ", this encoder reads \"umt5\" (UMT5EncoderModel)");
-  Umt5Config c;
+                     (type ? (type->is_string() ? "\"" + type->as_string() + "\"" : "not a string") : "absent") +
+                     "; the text encoders read are \"t5\" (T5EncoderModel) and \"umt5\" (UMT5EncoderModel)");
   c.vocab_size = get_int(doc, "vocab_size", where);
   c.d_model = get_int(doc, "d_model", where);
   c.d_kv = get_int(doc, "d_kv", where);
@@ -64,7 +68,8 @@ Umt5Config Umt5Config::parse(const std::string& text, const std::string& where) 
       throw ModelError(where + ": config \"layer_norm_epsilon\": " + err.what());
     }
   }
-  // UMT5Config: "gated-gelu" means gelu_new; otherwise the activation named after an optional "gated-".
+  // T5Config and UMT5Config alike: "gated-gelu" means gelu_new; otherwise the activation named after an optional
+  // "gated-".
   std::string proj = "gated-gelu";
   if (const json::Value* p = doc.find("feed_forward_proj"); p && p->is_string()) proj = p->as_string();
   c.gated = proj.rfind("gated-", 0) == 0;
@@ -79,12 +84,12 @@ Umt5Config Umt5Config::parse(const std::string& text, const std::string& where) 
   return c;
 }
 
-Umt5Encoder::Umt5Encoder(const fs::path& dir, torch::Device device, torch::ScalarType dtype)
+T5Encoder::T5Encoder(const fs::path& dir, torch::Device device, torch::ScalarType dtype)
     : device_(device), dtype_(dtype) {
   if (!fs::is_directory(dir)) throw ModelError(dir.string() + ": no text encoder folder");
   fs::path cfg = dir / "config.json";
   if (!fs::exists(cfg)) throw ModelError(dir.string() + ": folder has no config.json");
-  config_ = Umt5Config::parse(read_text_file(cfg), cfg.string());
+  config_ = T5EncoderConfig::parse(read_text_file(cfg), cfg.string());
   const auto& c = config_;
   WeightSource src = read_safetensors_folder(dir, "model");
   WeightReader r(src, device, dtype);
@@ -101,7 +106,8 @@ Umt5Encoder::Umt5Encoder(const fs::path& dir, torch::Device device, torch::Scala
     l.k = r.take(p + "0.SelfAttention.k.weight", {inner, c.d_model});
     l.v = r.take(p + "0.SelfAttention.v.weight", {inner, c.d_model});
     l.o = r.take(p + "0.SelfAttention.o.weight", {c.d_model, inner});
-    l.rel_bias = r.take(p + "0.SelfAttention.relative_attention_bias.weight", {c.num_buckets, c.num_heads});
+    if (c.variant == T5EncoderConfig::Variant::UMT5 || i == 0)
+      l.rel_bias = r.take(p + "0.SelfAttention.relative_attention_bias.weight", {c.num_buckets, c.num_heads});
     l.ff_norm = r.take(p + "1.layer_norm.weight", {c.d_model});
     if (c.gated) {
       l.wi_0 = r.take(p + "1.DenseReluDense.wi_0.weight", {c.d_ff, c.d_model});
@@ -110,28 +116,31 @@ Umt5Encoder::Umt5Encoder(const fs::path& dir, torch::Device device, torch::Scala
       l.wi_0 = r.take(p + "1.DenseReluDense.wi.weight", {c.d_ff, c.d_model});
     }
     l.wo = r.take(p + "1.DenseReluDense.wo.weight", {c.d_model, c.d_ff});
+    // Straight from the file, not through float16: transformers upcasts the stored values.
+    if (dtype == torch::kFloat16 && l.wo.defined())
+      l.wo = src.tensors.at(p + "1.DenseReluDense.wo.weight").to(device, torch::kFloat32);
     layers_.push_back(std::move(l));
   }
   final_norm_ = r.take("encoder.final_layer_norm.weight", {c.d_model});
   r.finish();
 }
 
-void Umt5Encoder::release() {
+void T5Encoder::release() {
   shared_ = torch::Tensor();
   layers_.clear();
   layers_.shrink_to_fit();
   final_norm_ = torch::Tensor();
 }
 
-// UMT5LayerNorm: variance in fp32, no mean, no bias; back to the weight's dtype only for half types.
-torch::Tensor Umt5Encoder::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
+// T5LayerNorm / UMT5LayerNorm: variance in fp32, no mean, no bias; back to the weight's dtype only for half types.
+torch::Tensor T5Encoder::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
   auto variance = x.to(torch::kFloat32).pow(2).mean(-1, true);
   auto h = x * torch::rsqrt(variance + config_.eps);
   if (w.scalar_type() == torch::kFloat16 || w.scalar_type() == torch::kBFloat16) h = h.to(w.scalar_type());
   return w * h;
 }
 
-torch::Tensor Umt5Encoder::act(const torch::Tensor& x) const {
+torch::Tensor T5Encoder::act(const torch::Tensor& x) const {
   const auto& a = config_.act;
   if (a == "gelu_new") {
     // transformers' NewGELUActivation, written out as it is there.
@@ -142,9 +151,9 @@ torch::Tensor Umt5Encoder::act(const torch::Tensor& x) const {
   return torch::relu(x);
 }
 
-// UMT5Attention._relative_position_bucket for the encoder (bidirectional), the same tensor ops in the same order
-// so the float32 logarithm rounds as it does there.
-torch::Tensor Umt5Encoder::buckets(int64_t length) const {
+// T5Attention / UMT5Attention._relative_position_bucket for the encoder (bidirectional), the same tensor ops in the
+// same order so the float32 logarithm rounds as it does there.
+torch::Tensor T5Encoder::buckets(int64_t length) const {
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
   auto context = torch::arange(length, opts).unsqueeze(1);
   auto memory = torch::arange(length, opts).unsqueeze(0);
@@ -162,7 +171,7 @@ torch::Tensor Umt5Encoder::buckets(int64_t length) const {
   return out + torch::where(is_small, rel, if_large);
 }
 
-torch::Tensor Umt5Encoder::forward(const torch::Tensor& ids_in, const torch::Tensor& mask) const {
+torch::Tensor T5Encoder::forward(const torch::Tensor& ids_in, const torch::Tensor& mask) const {
   if (!shared_.defined()) throw ModelError("text encoder: the weights were released");
   torch::NoGradGuard no_grad;
   const auto& c = config_;
@@ -177,22 +186,34 @@ torch::Tensor Umt5Encoder::forward(const torch::Tensor& ids_in, const torch::Ten
   auto bucket = buckets(L);
   torch::Tensor pad;  // [B, 1, 1, L] true where the key is padding
   if (mask.defined()) pad = (mask.to(device_) == 0).view({B, 1, 1, L});
-  const bool fp16 = dtype_ == torch::kFloat16;
+  // On the hidden state's own dtype, as transformers tests it: with float32 output projections in float16 the
+  // stream is float32 after the first feed-forward, and no longer clamped.
   auto clamp16 = [&](torch::Tensor x) {
-    if (!fp16) return x;
+    if (x.scalar_type() != torch::kFloat16) return x;
     double max = 65504.0;
     double v = torch::isinf(x).any().item<bool>() ? max - 1000 : max;
     return torch::clamp(x, -v, v);
   };
+  auto position_bias = [&](const torch::Tensor& table, torch::ScalarType dtype) {
+    auto bias = torch::embedding(table, bucket).permute({2, 0, 1}).unsqueeze(0).to(dtype);
+    if (pad.defined())
+      bias = torch::where(pad, torch::full({}, -std::numeric_limits<double>::infinity(), bias.options()), bias);
+    return bias;
+  };
+  torch::Tensor shared_bias;  // T5: the first layer's, reused by the others
   for (const auto& l : layers_) {
     auto x = rms_norm(h, l.attn_norm);
     auto q = torch::linear(x, l.q).view({B, L, c.num_heads, c.d_kv}).transpose(1, 2);
     auto k = torch::linear(x, l.k).view({B, L, c.num_heads, c.d_kv}).transpose(1, 2);
     auto v = torch::linear(x, l.v).view({B, L, c.num_heads, c.d_kv}).transpose(1, 2);
-    // Each umT5 layer has its own bias table (T5 shares layer 0's); no 1/sqrt(d) scaling.
-    auto bias = torch::embedding(l.rel_bias, bucket).permute({2, 0, 1}).unsqueeze(0).to(q.scalar_type());
-    if (pad.defined())
-      bias = torch::where(pad, torch::full({}, -std::numeric_limits<double>::infinity(), bias.options()), bias);
+    // No 1/sqrt(d) scaling: the models were trained with it folded into the weights.
+    torch::Tensor bias;
+    if (c.variant == T5EncoderConfig::Variant::UMT5) {
+      bias = position_bias(l.rel_bias, q.scalar_type());
+    } else {
+      if (!shared_bias.defined()) shared_bias = position_bias(l.rel_bias, q.scalar_type());
+      bias = shared_bias;
+    }
     auto a = at::scaled_dot_product_attention(q, k, v, bias, 0.0, false, 1.0);
     a = a.transpose(1, 2).reshape({B, L, c.num_heads * c.d_kv});
     h = clamp16(h + torch::linear(a, l.o));
