@@ -8,21 +8,29 @@
 //                    --latents 500 --schedule fifo --threads 2 --json
 //
 // Memory: the baseline is VmRSS after both models are loaded; the peak (VmHWM) is reset then, so the reported
-// peak is what generating and decoding add.
+// peak is what generating and decoding add (the process's peak up to then is reported apart).
+//
+// A text-conditioned denoiser (a diffusers Wan folder) takes its prompt embeddings from --text, a safetensors file
+// with "text" and, for guidance, "negative_text" [1, L, D]. tools/bench --generate --native times one clip that
+// way next to diffusers' WanPipeline; --save-latents keeps the result so the two outputs can be compared.
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
 #include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "bench_support.h"
 #include "io/json.h"
 #include "latent/gen/generator.h"
+#include "latent/io/safetensors.h"
 #include "latent/runtime/build_info.h"
 #include "latent/runtime/devices.h"
 #include "latent/vae/streaming.h"
@@ -35,7 +43,8 @@ using Clock = std::chrono::steady_clock;
 using latent::json::Value;
 
 struct Args {
-  std::string generator, vae;
+  std::string generator, vae, text, save_latents;
+  double guidance = -1;  // < 0: the denoiser's
   int64_t latents = 100;
   std::string schedule = "fifo";
   int64_t steps = 0, window = 0, context = -1, height = 0, width = 0, sample = 0;
@@ -50,8 +59,13 @@ struct Args {
                "usage: latent-gen-bench --generator FILE [--vae FILE] [--latents N] [--schedule clip|fifo|rolling]\n"
                "                        [--steps K] [--window W] [--context C] [--height h] [--width w]\n"
                "                        [--device D] [--dtype T] [--threads N] [--seed S] [--sample K] [--json]\n"
+               "                        [--text FILE] [--guidance G] [--save-latents FILE]\n"
                "  --vae      decode every latent as it comes (the VAE whose latent space the generator names);\n"
                "             without it only generation is timed\n"
+               "  --text     safetensors with \"text\" (and \"negative_text\" for guidance) prompt embeddings\n"
+               "             [1, L, D], for a text-conditioned denoiser\n"
+               "  --guidance classifier-free guidance scale (default: the denoiser's; 1 runs one call per step)\n"
+               "  --save-latents  write every generated latent, in order, as \"latents\" [1, C, N, h, w] float32\n"
                "  --height, --width  latent size (default: the generator's native size)\n"
                "  --steps, --window  0: the generator's; --context -1: a quarter of the window (rolling)\n"
                "  --sample   read the RSS after every K latents (default: latents / 10)\n");
@@ -95,7 +109,16 @@ Args parse_args(int argc, char** argv) {
       a.sample = r.integer(1, kBig);
     else if (k == "--json")
       a.json = true;
-    else
+    else if (k == "--text")
+      a.text = r.value();
+    else if (k == "--save-latents")
+      a.save_latents = r.value();
+    else if (k == "--guidance") {
+      const std::string v = r.value();
+      const auto g = latent::bounded_number(v, 0.0, 1e6);
+      if (!g) r.fail("wants a number >= 0, got '" + v + "'");
+      a.guidance = *g;
+    } else
       r.fail("is not an option");
   }
   if (a.generator.empty()) {
@@ -108,12 +131,53 @@ Args parse_args(int argc, char** argv) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// User plus system CPU time of the process: set against the wall time it tells whether other processes took the
+// cores during a measurement.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Times every model call: the Generator steps inside next(), so a clip's per-step times are only visible from the
+// denoiser's side. The inner predict() finds its inputs already checked and placed, so the wrapper adds no work.
+class TimedDenoiser : public latent::Denoiser {
+ public:
+  explicit TimedDenoiser(std::shared_ptr<const latent::Denoiser> inner)
+      : Denoiser(inner->spec(), {inner->device(), inner->dtype()}), inner_(std::move(inner)) {}
+  const std::vector<double>& call_seconds() const { return calls_; }
+
+ protected:
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const override {
+    const auto t0 = Clock::now();
+    torch::Tensor out = inner_->predict(x, timesteps, text);
+    synchronize(inner_->device());
+    calls_.push_back(seconds_since(t0));
+    return out;
+  }
+
+ private:
+  std::shared_ptr<const latent::Denoiser> inner_;
+  mutable std::vector<double> calls_;
+};
+
+latent::json::Array reals(const std::vector<double>& v) {
+  latent::json::Array out;
+  for (double x : v) out.push_back(Value::real(x));
+  return out;
+}
+
 latent::GeneratorOptions generator_options(const Args& a, const latent::DenoiserSpec& spec) {
   latent::GeneratorOptions o;
   o.schedule = latent::parse_schedule_kind(a.schedule);
   o.sampler = spec.sampler;
   if (a.steps > 0) o.sampler.steps = a.steps;
-  o.guidance = spec.guidance;
+  o.guidance = a.guidance >= 0 ? a.guidance : spec.guidance;
+  if (!a.text.empty()) {
+    const latent::SafetensorsFile f = latent::SafetensorsFile::open(a.text);
+    o.text = f.tensor("text");
+    if (f.contains("negative_text")) o.negative_text = f.tensor("negative_text");
+  }
   o.seed = a.seed;
   o.window = a.window;
   o.height = a.height > 0 ? a.height : spec.native_height;
@@ -132,7 +196,8 @@ int run(const Args& a) {
   c10::InferenceMode inference;
 
   const auto t_load = Clock::now();
-  std::shared_ptr<const latent::Denoiser> model = latent::load_denoiser(a.generator, {device, dtype});
+  auto timed = std::make_shared<TimedDenoiser>(latent::load_denoiser(a.generator, {device, dtype}));
+  std::shared_ptr<const latent::Denoiser> model = timed;
   std::shared_ptr<const latent::Vae> vae;
   if (!a.vae.empty()) {
     vae = latent::load_vae(a.vae, {device, dtype});
@@ -149,7 +214,10 @@ int run(const Args& a) {
   const int64_t tf = model->spec().temporal_factor;
 
   const int64_t rss_baseline = proc_status_bytes("VmRSS");
+  const int64_t rss_peak_loading = proc_status_bytes("VmHWM");
   const bool hwm_reset = reset_peak_rss();
+  std::vector<torch::Tensor> kept;
+  double gen_cpu_seconds = 0;
   double gen_seconds = 0, decode_seconds = 0, first_latent = 0;
   int64_t latents = 0, frames = 0;
   size_t state_max = 0;
@@ -164,13 +232,16 @@ int run(const Args& a) {
   };
   while (!gen.finished()) {
     const auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
     std::vector<latent::GeneratedFrame> made = gen.next();
     synchronize(device);
     gen_seconds += seconds_since(t0);
+    gen_cpu_seconds += cpu_seconds() - c0;
     if (latents == 0 && !made.empty()) first_latent = seconds_since(start);
     state_max = std::max(state_max, gen.state_bytes());
     for (const latent::GeneratedFrame& f : made) {
       if (decoder) decode(f.latent.squeeze(2), f.index == 0 ? 1 : tf);
+      if (!a.save_latents.empty()) kept.push_back(f.latent.to(torch::kCPU));
       if (++latents % a.sample == 0)
         samples.push_back(Value(latent::json::Object{{"latents", Value::integer(latents)},
                                                      {"rss_bytes", Value::integer(proc_status_bytes("VmRSS"))}}));
@@ -180,6 +251,20 @@ int run(const Args& a) {
   const double wall = seconds_since(start);
   const int64_t rss_peak = proc_status_bytes("VmHWM");
   const int64_t expected_frames = vae ? 1 + tf * (a.latents - 1) : 0;
+  if (!kept.empty()) {
+    latent::SafetensorsWriter w(a.save_latents, {.durable = false});
+    w.write("latents", torch::cat(kept, 2).contiguous());
+    w.commit();
+  }
+  // A clip's model calls come step by step, cond then uncond under guidance: a step's time is its calls' sum.
+  std::vector<double> step_seconds;
+  const std::vector<double>& calls = timed->call_seconds();
+  const int64_t steps = gen.options().sampler.steps;
+  if (gen.options().schedule == latent::ScheduleKind::clip && steps > 0 && int64_t(calls.size()) % steps == 0) {
+    const size_t per = calls.size() / size_t(steps);
+    for (size_t i = 0; i < calls.size(); i += per)
+      step_seconds.push_back(std::accumulate(calls.begin() + long(i), calls.begin() + long(i + per), 0.0));
+  }
 
   const latent::GeneratorOptions& o = gen.options();
   latent::json::Object out{
@@ -202,7 +287,13 @@ int run(const Args& a) {
       {"frames", Value::integer(frames)},
       {"frames_expected", Value::integer(expected_frames)},
       {"model_calls", Value::integer(gen.model_calls())},
+      {"guidance", Value::real(o.guidance)},
+      {"text", a.text},
+      {"latents_file", a.save_latents},
       {"generate_seconds", Value::real(gen_seconds)},
+      {"generate_cpu_seconds", Value::real(gen_cpu_seconds)},
+      {"model_call_seconds", Value(reals(calls))},
+      {"step_seconds", Value(reals(step_seconds))},
       {"decode_seconds", Value::real(decode_seconds)},
       {"wall_seconds", Value::real(wall)},
       {"latents_per_second", Value::real(double(latents) / gen_seconds)},
@@ -211,6 +302,7 @@ int run(const Args& a) {
       {"state_bytes", Value::integer(int64_t(state_max))},
       {"rss_baseline_bytes", Value::integer(rss_baseline)},
       {"rss_peak_bytes", Value::integer(rss_peak)},
+      {"rss_peak_loading_bytes", Value::integer(rss_peak_loading)},
       {"rss_peak_above_baseline_bytes", Value::integer(rss_peak - rss_baseline)},
       {"rss_peak_reset", hwm_reset},
       {"rss_samples", Value(std::move(samples))},

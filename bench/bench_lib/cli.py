@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import flops, generation, models, report
+from . import flops, generation, models, native_generation, report
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_RUNNER = os.path.join(TOP, "bench", "bench_lib", "ref_runner.py")
@@ -423,6 +423,11 @@ def main(argv=None):
                    help="video generation (default generator and VAE) next to eager PyTorch; --frames sets the "
                         "lengths of its memory sweep in latents (default 100 500 2000)")
     p.set_defaults(mode="cpu")
+    p.add_argument("--native", action="store_true",
+                   help="with --generate: instead, the native Wan 2.1 denoiser (a random-weight diffusers folder "
+                        "made at bench time) through the clip schedule against diffusers' WanPipeline, with and "
+                        "without guidance: time per step, peak RSS, final latents compared")
+    p.add_argument("--steps", type=int, default=0, help="--generate --native: sampler steps per clip (default 5)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: all cores)")
     p.add_argument("--repeat", type=int, default=0, help="measurements per side and case (default: the mode's)")
     p.add_argument("--timeout", type=int, default=0, help="seconds before one measurement is given up")
@@ -461,8 +466,12 @@ def main(argv=None):
     # A terminated run stops its measurement process too (subprocess.run kills the child on an exception).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     mode_name = args.mode
+    if args.native and mode_name != "generate":
+        p.error("--native goes with --generate")
     if mode_name == "generate":
         binary = build_latent_bench(args, "latent-gen-bench")
+        if args.native:
+            return native_generation.run(args, binary, args.out)
         return generation.run(args, binary, args.out)
     mode = MODES[mode_name]
     if args.wait_max <= 0:
