@@ -170,6 +170,32 @@ TEST(Umt5, Bfloat16MatchesTransformers) {
   }
 }
 
+// float16, as some Wan folders are run: transformers keeps each feed-forward output projection in float32, and with
+// it the residual stream from the first one on. With the padding run the same ops in the same dtypes give its
+// result up to the accumulation order of the matrix products (1e-3: a fraction of one float16 step).
+TEST(Umt5, Float16MatchesTransformers) {
+  REQUIRE_TOKENIZER();
+  if (!cases().tensors.count("p0.L512.embeds_fp16")) GTEST_SKIP() << "fixtures predate the float16 references";
+  auto ps = prompts();
+  TextEncoder::Options opt;
+  opt.dtype = torch::kFloat16;
+  opt.run_padding = true;
+  auto enc = TextEncoder::load(fixtures() / "pipeline", opt);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    std::string key = "p" + std::to_string(i) + ".L512";
+    auto got = enc->encode(ps[i]);
+    ASSERT_EQ(got.scalar_type(), torch::kFloat16);
+    auto want = fixture(key + ".embeds_fp16").to(torch::kFloat);
+    auto want64 = fixture(key + ".embeds64");
+    double scale = want64.abs().max().item<double>();
+    double err = (got.to(torch::kFloat) - want).abs().max().item<double>() / scale;
+    double err_fp16 = (want.to(torch::kDouble) - want64).abs().max().item<double>() / scale;
+    std::cout << key << " fp16: max error " << err << " relative to transformers' fp16, which is " << err_fp16
+              << " from float64\n";
+    EXPECT_LE(err, 1e-3) << key;
+  }
+}
+
 TEST(Umt5, ReleaseFreesWeights) {
   REQUIRE_TOKENIZER();
   auto enc = TextEncoder::load(fixtures() / "pipeline");
