@@ -9,11 +9,14 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <sstream>
 
 #include "elements.h"
 #include "latent/gen/generator.h"
+#include "latent/gen/prompts.h"
 #include "latent/io/safetensors.h"
 #include "latent/runtime/default_model.h"
+#include "latent/runtime/devices.h"
 #include "latent_caps.h"
 #include "model_glue.h"
 
@@ -40,6 +43,10 @@ enum {
   PROP_WINDOW,
   PROP_CONTEXT,
   PROP_PROMPT_EMBEDS,
+  PROP_PROMPT,
+  PROP_NEGATIVE_PROMPT,
+  PROP_TEXT_DEVICE,
+  PROP_INITIAL_NOISE,
   PROP_IS_LIVE,
   PROP_LATENTS_OUT,
   PROP_MODEL_CALLS,
@@ -66,6 +73,9 @@ struct Settings {
   guint window = 0;  // 0: the model's
   gint context = kAutoContext;
   std::string prompt_embeds;
+  std::optional<std::string> prompt, negative_prompt;  // unset: none
+  std::string text_device;                             // empty: the model's device
+  std::string initial_noise;
 };
 
 // What start() decided for a run: the generator, the caps it makes and how many latents and frames.
@@ -79,6 +89,12 @@ struct Impl {
   Settings settings;  // object lock
 
   std::shared_ptr<const latent::Denoiser> denoiser;
+  std::string model_path;  // what the denoiser was loaded from, where a prompt's text encoder is found
+  latent::LoadOptions model_options;
+  // The embeddings of the prompts last encoded and what they were encoded from, so a restart with the same
+  // prompts does not run the text encoder again.
+  std::string encoded_key;
+  latent::PromptEmbeddings encoded;
   // Set by start() and cleared by stop(), which basesrc never runs beside create(); unlock() reaches the
   // generator from another thread, so the three take run_lock where they touch it.
   std::optional<Run> run;
@@ -162,14 +178,57 @@ void load_prompt_embeds(const std::string& path, latent::GeneratorOptions& o) {
   latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
   if (!file.contains("prompt_embeds"))
     throw std::invalid_argument("prompt-embeds file " + path +
-                                " has no tensor \"prompt_embeds\" (write it with tools/encode_prompt.py)");
+                                " has no tensor \"prompt_embeds\" (write it with latent-prompt)");
   o.text = file.tensor("prompt_embeds").to(torch::kFloat).clone();
   if (file.contains("negative_prompt_embeds"))
     o.negative_text = file.tensor("negative_prompt_embeds").to(torch::kFloat).clone();
 }
 
-// The generator options and caps for the settings; throws std::invalid_argument naming the setting.
-Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Settings& s) {
+// The guidance a run uses: the property, or the model's recommendation.
+double effective_guidance(const latent::DenoiserSpec& spec, const Settings& s) {
+  return s.guidance == kModelGuidance ? spec.guidance : s.guidance;
+}
+
+// The negative prompt a run encodes: none without guidance; the empty prompt when guided and unset, as diffusers'
+// pipelines do.
+std::optional<std::string> negative_to_encode(const latent::DenoiserSpec& spec, const Settings& s) {
+  if (effective_guidance(spec, s) == 1.0) return std::nullopt;
+  return s.negative_prompt.value_or("");
+}
+
+// Whose layout initial-noise files take: the `latents=` argument of the family's diffusers pipeline, Wan's
+// [1, C, T, h, w] or CogVideoX's [1, T, C, h, w].
+bool frames_before_channels(const latent::DenoiserSpec& spec) { return spec.latent_space.rfind("cogvideox", 0) == 0; }
+
+// The starting latents of a clip from a safetensors file holding one tensor, in the generator's [1, C, T, h, w].
+torch::Tensor load_initial_noise(const std::string& path, const latent::DenoiserSpec& spec,
+                                 const latent::GeneratorOptions& o) {
+  if (o.schedule != latent::ScheduleKind::clip)
+    throw std::invalid_argument("initial-noise needs schedule=clip (fifo and rolling draw noise as frames enter)");
+  latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
+  const auto names = file.names();
+  if (names.size() != 1)
+    throw std::invalid_argument("initial-noise file " + path + " holds " + std::to_string(names.size()) +
+                                " tensors; it must hold exactly one, the starting latents");
+  torch::Tensor t = file.tensor(names.front()).to(torch::kFloat).clone();
+  const bool tc = frames_before_channels(spec);
+  std::vector<int64_t> want = {1, spec.channels, o.frames, o.height, o.width};
+  if (tc) std::swap(want[1], want[2]);
+  if (t.sizes() != c10::IntArrayRef(want)) {
+    std::ostringstream got, expected;
+    got << t.sizes();
+    expected << c10::IntArrayRef(want);
+    throw std::invalid_argument("initial-noise " + path + " has shape " + got.str() + "; these settings need " +
+                                expected.str() + (tc ? " ([1, T, C, h, w]" : " ([1, C, T, h, w]") +
+                                ", the layout of the pipeline's latents=)");
+  }
+  return tc ? t.permute({0, 2, 1, 3, 4}).contiguous() : t;
+}
+
+// The generator options and caps for the settings; throws std::invalid_argument naming the setting. `encoded` holds
+// the prompts' embeddings when the prompt property is set.
+Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Settings& s,
+             const latent::PromptEmbeddings* encoded) {
   const latent::DenoiserSpec& spec = model->spec();
   latent::GeneratorOptions o;
   o.schedule = s.schedule;
@@ -180,7 +239,7 @@ Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Setting
                                                   : latent::SamplerKind::ddim;
   if (s.steps > 0) o.sampler.steps = s.steps;
   if (s.shift > 0.0) o.sampler.shift = s.shift;
-  o.guidance = s.guidance == kModelGuidance ? spec.guidance : s.guidance;
+  o.guidance = effective_guidance(spec, s);
   o.seed = s.seed;
   o.window = s.window;
 
@@ -220,10 +279,20 @@ Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Setting
                                 std::to_string(1 + spec.temporal_factor * (window - 1)) +
                                 " frames): use schedule=fifo or rolling for longer videos");
   o.frames = int64_t(latents);
+  if (s.prompt && !s.prompt_embeds.empty()) throw std::invalid_argument("set prompt or prompt-embeds, not both");
+  if (s.negative_prompt && !s.prompt)
+    throw std::invalid_argument("negative-prompt needs prompt (precomputed embeddings carry their own negative)");
   if (!s.prompt_embeds.empty()) load_prompt_embeds(s.prompt_embeds, o);
+  if (spec.text_tokens == 0 && s.prompt) throw std::invalid_argument("this model takes no text: unset prompt");
+  if (s.prompt && encoded && encoded->prompt.defined()) {
+    o.text = encoded->prompt.to(torch::kFloat);
+    if (encoded->negative.defined()) o.negative_text = encoded->negative.to(torch::kFloat);
+  }
   if (spec.text_tokens > 0 && !o.text.defined())
-    throw std::invalid_argument("this model needs prompt embeddings [1, " + std::to_string(spec.text_tokens) + ", " +
-                                std::to_string(spec.text_dim) + "]: set prompt-embeds (tools/encode_prompt.py)");
+    throw std::invalid_argument("this model needs text: set prompt (or prompt-embeds, [1, " +
+                                std::to_string(spec.text_tokens) + ", " + std::to_string(spec.text_dim) +
+                                "] embeddings from latent-prompt)");
+  if (!s.initial_noise.empty()) o.initial_noise = load_initial_noise(s.initial_noise, spec, o);
   if (latents > 0 || s.num_frames < 0) run.generator = std::make_unique<latent::Generator>(model, o);
 
   LatentCapsInfo& c = run.caps;
@@ -333,6 +402,46 @@ gboolean unlock_stop(GstBaseSrc* base) {
   return TRUE;
 }
 
+// Runs the model folder's text encoder when the prompts (or where they are encoded) differ from those last
+// encoded, and frees it before returning. Posts an ERROR message and returns false when it cannot.
+bool encode_prompts(GstVideoGen* self, const Settings& s) {
+  Impl& impl = *self->impl;
+  if (!s.prompt || !impl.denoiser || impl.denoiser->spec().text_tokens == 0) return true;  // plan_run says why
+  const std::optional<std::string> negative = negative_to_encode(impl.denoiser->spec(), s);
+  latent::TextEncoder::Options options;
+  try {
+    options.device = s.text_device.empty() ? impl.model_options.device : latent::resolve_device(s.text_device);
+    options.dtype = options.device == impl.model_options.device ? impl.model_options.dtype
+                                                                : latent::resolve_dtype("auto", options.device);
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", e.what()), ("text-device property: %s", s.text_device.c_str()));
+    return false;
+  }
+  const std::string key = *s.prompt + '\0' + (negative ? "+" + *negative : "-") + '\0' + options.device.str() + '\0' +
+                          c10::toString(options.dtype);
+  if (key == impl.encoded_key) return true;
+  impl.encoded_key.clear();
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    impl.encoded = latent::encode_prompts(impl.model_path, *s.prompt, negative, options);
+    impl.encoded_key = key;
+    GST_INFO_OBJECT(self, "encoded %s on %s as %s in %.2f s",
+                    negative ? "the prompt and the negative prompt" : "the prompt", options.device.str().c_str(),
+                    c10::toString(options.dtype),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return true;
+  } catch (const c10::OutOfMemoryError& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT,
+                      ("Out of memory encoding the prompt on %s: set text-device=cpu to encode it there",
+                       options.device.str().c_str()),
+                      ("%s", e.what()));
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ, ("Cannot encode the prompt: %s", e.what()),
+                      ("model %s", impl.model_path.c_str()));
+  }
+  return false;
+}
+
 void set_made_caps(GstVideoGen* self, GstCaps* caps) {
   GST_OBJECT_LOCK(self);
   gst_caps_replace(&self->impl->caps, caps);
@@ -349,8 +458,9 @@ gboolean start(GstBaseSrc* base) {
     GST_ELEMENT_ERROR(self, CORE, STATE_CHANGE, ("No model loaded."), (nullptr));
     return FALSE;
   }
+  if (!encode_prompts(self, settings)) return FALSE;
   try {
-    Run run = plan_run(s.denoiser, settings);
+    Run run = plan_run(s.denoiser, settings, settings.prompt ? &s.encoded : nullptr);
     std::lock_guard<std::mutex> lock(s.run_lock);
     s.run = std::move(run);
   } catch (const std::invalid_argument& e) {
@@ -358,8 +468,9 @@ gboolean start(GstBaseSrc* base) {
                       ("model latent space %s", s.denoiser->spec().latent_space.c_str()));
     return FALSE;
   } catch (const std::exception& e) {
-    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ,
-                      ("Cannot read prompt-embeds '%s': %s", settings.prompt_embeds.c_str(), e.what()), (nullptr));
+    GST_ELEMENT_ERROR(
+        self, RESOURCE, OPEN_READ, ("Cannot read an input of the run: %s", e.what()),
+        ("prompt-embeds '%s', initial-noise '%s'", settings.prompt_embeds.c_str(), settings.initial_noise.c_str()));
     return FALSE;
   }
   s.pending.clear();
@@ -499,16 +610,34 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
         "generator", latent::find_default_generator,
         "a .pt2 package from tools/export_denoiser.py or latent-gen-small weights"};
     GST_OBJECT_LOCK(self);
-    const latent::gst::ModelSettings settings = s.settings.model;
+    const Settings settings = s.settings;
     GST_OBJECT_UNLOCK(self);
-    const bool loaded = latent::gst::load_model(
-        element, settings, generator,
-        [&](const std::string& path, const latent::LoadOptions& o) { s.denoiser = latent::load_denoiser(path, o); });
-    if (!loaded) return GST_STATE_CHANGE_FAILURE;
+    const bool loaded = latent::gst::load_model(element, settings.model, generator,
+                                                [&](const std::string& path, const latent::LoadOptions& o) {
+                                                  s.denoiser = latent::load_denoiser(path, o);
+                                                  s.model_path = path;
+                                                  s.model_options = o;
+                                                });
+    // The prompt is encoded here so a missing or broken text encoder fails at READY, and again at the start of a
+    // run only if the prompts changed meanwhile.
+    if (!loaded || !encode_prompts(self, settings)) {
+      s.denoiser.reset();
+      return GST_STATE_CHANGE_FAILURE;
+    }
   }
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_video_gen_parent_class)->change_state(element, transition);
-  if (transition == GST_STATE_CHANGE_READY_TO_NULL) s.denoiser.reset();
+  if (transition == GST_STATE_CHANGE_READY_TO_NULL) {
+    s.denoiser.reset();
+    s.encoded = {};
+    s.encoded_key.clear();
+  }
   return ret;
+}
+
+// A string property where unset (NULL) differs from the empty string: an empty prompt is a prompt.
+std::optional<std::string> optional_string(const GValue* value) {
+  const gchar* v = g_value_get_string(value);
+  return v ? std::optional<std::string>(v) : std::nullopt;
 }
 
 void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
@@ -536,6 +665,10 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_WINDOW: s.window = g_value_get_uint(value); break;
     case PROP_CONTEXT: s.context = g_value_get_int(value); break;
     case PROP_PROMPT_EMBEDS: s.prompt_embeds = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_PROMPT: s.prompt = optional_string(value); break;
+    case PROP_NEGATIVE_PROMPT: s.negative_prompt = optional_string(value); break;
+    case PROP_TEXT_DEVICE: s.text_device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_INITIAL_NOISE: s.initial_noise = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -573,6 +706,14 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_FRAMERATE: gst_value_set_fraction(value, s.framerate.num, s.framerate.den); break;
     case PROP_WINDOW: g_value_set_uint(value, s.window); break;
     case PROP_CONTEXT: g_value_set_int(value, s.context); break;
+    case PROP_PROMPT: g_value_set_string(value, s.prompt ? s.prompt->c_str() : nullptr); break;
+    case PROP_NEGATIVE_PROMPT:
+      g_value_set_string(value, s.negative_prompt ? s.negative_prompt->c_str() : nullptr);
+      break;
+    case PROP_TEXT_DEVICE: g_value_set_string(value, s.text_device.empty() ? nullptr : s.text_device.c_str()); break;
+    case PROP_INITIAL_NOISE:
+      g_value_set_string(value, s.initial_noise.empty() ? nullptr : s.initial_noise.c_str());
+      break;
     case PROP_PROMPT_EMBEDS:
       g_value_set_string(value, s.prompt_embeds.empty() ? nullptr : s.prompt_embeds.c_str());
       break;
@@ -619,7 +760,7 @@ void install_properties(GObjectClass* gobject) {
   g_object_class_install_property(
       gobject, PROP_GUIDANCE_SCALE,
       g_param_spec_double("guidance-scale", "Guidance scale",
-                          "Classifier-free guidance (needs negative_prompt_embeds in prompt-embeds when not 1); -1 "
+                          "Classifier-free guidance: when not 1, each step also runs the negative prompt; -1 "
                           "takes the model's recommendation",
                           -1.0, 100.0, kModelGuidance, rw));
   g_object_class_install_property(gobject, PROP_SEED,
@@ -656,8 +797,33 @@ void install_properties(GObjectClass* gobject) {
   g_object_class_install_property(
       gobject, PROP_PROMPT_EMBEDS,
       g_param_spec_string("prompt-embeds", "Prompt embeddings",
-                          "A safetensors file with tensor prompt_embeds [1, L, D] (and negative_prompt_embeds for "
-                          "guidance), for models that take text; tools/encode_prompt.py writes one",
+                          "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (and "
+                          "negative_prompt_embeds for guidance), e.g. from latent-prompt or for a .pt2 model",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_PROMPT,
+      g_param_spec_string("prompt", "Prompt",
+                          "What to generate, for a model given as a diffusers pipeline folder: its text encoder "
+                          "encodes it once (then its weights are freed) and the embeddings condition every frame",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_NEGATIVE_PROMPT,
+      g_param_spec_string("negative-prompt", "Negative prompt",
+                          "What to steer away from with classifier-free guidance (guidance-scale not 1); unset: "
+                          "the empty prompt, as diffusers' pipelines do",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_TEXT_DEVICE,
+      g_param_spec_string("text-device", "Text encoder device",
+                          "Where the prompt is encoded (cpu, cuda, cuda:N); unset: the model's device. cpu keeps "
+                          "the text encoder off a small GPU, at the cost of a slower start",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_INITIAL_NOISE,
+      g_param_spec_string("initial-noise", "Initial noise",
+                          "schedule=clip: a safetensors file with one tensor, the starting latents in the layout of "
+                          "the family's diffusers pipeline latents= argument (Wan [1, C, T, h, w], CogVideoX [1, T, "
+                          "C, h, w]), to reproduce another implementation's run exactly; unset: noise from seed",
                           nullptr, rw));
   g_object_class_install_property(
       gobject, PROP_IS_LIVE,
@@ -702,8 +868,9 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
       "PTS, duration and OFFSET/OFFSET_END (the video frames it stands for); the same seed gives the same stream. "
       "Examples: gst-launch-1.0 videogen num-frames=81 ! vaedecode ! videoconvert ! autovideosink | "
       "gst-launch-1.0 videogen num-frames=161 seed=7 ! latentfilesink location=gen.safetensors | "
-      "gst-launch-1.0 videogen model=wan-t2v.pt2 prompt-embeds=prompt.safetensors schedule=clip num-frames=33 ! "
-      "vaedecode model=/models/Wan2.1-VAE ! videoconvert ! x264enc ! mp4mux ! filesink location=gen.mp4",
+      "gst-launch-1.0 videogen model=/models/Wan2.1-T2V-1.3B-Diffusers prompt=\"a red fox running through snow\" "
+      "schedule=clip num-frames=33 ! vaedecode model=/models/Wan2.1-T2V-1.3B-Diffusers/vae ! videoconvert ! x264enc ! "
+      "mp4mux ! filesink location=fox.mp4",
       "gst-latent");
 
   base->start = GST_DEBUG_FUNCPTR(start);

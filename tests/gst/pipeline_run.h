@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,15 @@ struct Out {
   }
 };
 
-// Runs `desc` (ending in "appsink name=out") to EOS or ERROR and keeps what reached the sink.
-inline void run(const std::string& desc, Out& out, GstClockTime timeout = 120 * GST_SECOND) {
+// Runs `desc` (ending in "appsink name=out") to EOS or ERROR and keeps what reached the sink. `setup` may set
+// properties a launch line cannot spell (strings with quotes or runs of spaces) before the pipeline starts.
+inline void run(const std::string& desc, Out& out, GstClockTime timeout = 120 * GST_SECOND,
+                const std::function<void(GstElement* pipeline)>& setup = {}) {
   GError* err = nullptr;
   GstElement* pipeline = gst_parse_launch(desc.c_str(), &err);
   fail_unless(pipeline != nullptr, "cannot build %s: %s", desc.c_str(), err ? err->message : "?");
   g_clear_error(&err);
+  if (setup) setup(pipeline);
   GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
   if (sink) g_object_set(sink, "sync", FALSE, "emit-signals", FALSE, nullptr);
   GstBus* bus = gst_element_get_bus(pipeline);
