@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "gen/diffusers_folder.h"
 #include "latent/gen/denoiser.h"
 #include "latent/io/weights.h"
 
@@ -26,9 +27,9 @@ std::shared_ptr<Denoiser> load_aoti_denoiser(const std::filesystem::path& path, 
 bool is_small_denoiser(const WeightSource& src);
 std::shared_ptr<Denoiser> make_small_denoiser(const WeightSource& src, const LoadOptions& opt);
 
-// gen/wan_transformer.cpp: a diffusers folder, a pipeline (model_index.json, transformer/, scheduler/) or a
-// transformer folder whose config.json names WanTransformer3DModel.
-bool is_diffusers_transformer(const std::filesystem::path& path);
-std::shared_ptr<Denoiser> load_wan_transformer(const std::filesystem::path& path, const LoadOptions& opt);
+// Natively run diffusers transformers, chosen by the "_class_name" of the folder's transformer config
+// (gen/diffusers_folder.h finds it): gen/wan_transformer.cpp and gen/cogvideox_transformer.cpp.
+std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt);
+std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt);
 
 }  // namespace latent

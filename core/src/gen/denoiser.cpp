@@ -36,6 +36,16 @@ void check_latents(const DenoiserSpec& spec, const torch::Tensor& x) {
   if (!x.is_floating_point()) reject("latents (not floating point)", x, expected);
 }
 
+// The native diffusers transformers by their config's "_class_name".
+struct DiffusersFamily {
+  const char* config_class;
+  std::shared_ptr<Denoiser> (*load)(const DiffusersFolder&, const LoadOptions&);
+};
+constexpr DiffusersFamily kDiffusersFamilies[] = {
+    {"WanTransformer3DModel", load_wan_transformer},
+    {"CogVideoXTransformer3DModel", load_cogvideox_transformer},
+};
+
 }  // namespace
 
 void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, const std::string& where,
@@ -66,6 +76,13 @@ torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& tim
   const int64_t frames = x.size(2);
   if (!timesteps.defined() || timesteps.dim() != 2 || timesteps.size(0) != 1 || timesteps.size(1) != frames)
     reject("timesteps", timesteps, "[1, " + std::to_string(frames) + "], one per latent frame");
+  // A model conditioned on one timestep for the whole clip would silently take one frame's for all of them.
+  if (!spec_.per_frame_timesteps && frames > 1) {
+    const torch::Tensor t = timesteps.to(torch::kCPU, torch::kDouble);
+    if (!torch::equal(t, t.select(1, 0).unsqueeze(1).expand_as(t)))
+      throw std::invalid_argument("denoiser input timesteps: this model (" + spec_.backend +
+                                  ") takes one timestep for all its frames, got different values per frame");
+  }
   if (spec_.text_tokens > 0) {
     const std::string expected =
         "[1, " + std::to_string(spec_.text_tokens) + ", " + std::to_string(spec_.text_dim) + "] prompt embeddings";
@@ -88,12 +105,21 @@ torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& tim
 
 std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options) {
   if (path.extension() == ".pt2") return load_aoti_denoiser(path, options);
-  if (is_diffusers_transformer(path)) return load_wan_transformer(path, options);
+  if (is_diffusers_folder(path)) {
+    const DiffusersFolder folder = read_diffusers_folder(path);
+    std::string known;
+    for (const auto& family : kDiffusersFamilies) {
+      if (folder.transformer_class == family.config_class) return family.load(folder, options);
+      known += (known.empty() ? "" : ", ") + std::string(family.config_class);
+    }
+    throw ModelError(folder.config_file.string() + ": transformer \"" + folder.transformer_class +
+                     "\" is not supported natively (supported: " + known + ")");
+  }
   WeightSource src = read_weights(path);
   if (is_small_denoiser(src)) return make_small_denoiser(src, options);
   throw ModelError(path.string() +
                    ": not a denoiser gst-latent knows: expected a .pt2 package (tools/export_denoiser.py), a diffusers "
-                   "Wan 2.1 folder (model_index.json + transformer/) or native weights with __metadata__ "
+                   "Wan 2.1 or CogVideoX folder (model_index.json + transformer/) or native weights with __metadata__ "
                    "\"architecture\" = \"latent-gen-small\"");
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <stdexcept>
 
 #include "gen/schedule.h"
@@ -97,6 +98,7 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
   if (options.text.defined()) text_ = options.text.to(model.device(), model.dtype());
   if (options.negative_text.defined() && guidance_ != 1.0)
     negative_text_ = options.negative_text.to(model.device(), model.dtype());
+  if (options.initial_noise.defined()) initial_noise_ = options.initial_noise.to(model.device(), torch::kFloat);
 }
 
 torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64_t>& steps) {
@@ -123,6 +125,10 @@ void Denoising::check_interrupted() const {
 torch::Tensor Denoising::noise(int64_t frames) {
   torch::Tensor n = torch::randn({1, channels_, frames, height_, width_}, cpu_generator_, torch::kFloat);
   return n.to(model_.device());
+}
+
+torch::Tensor Denoising::clip_noise(int64_t frames) {
+  return initial_noise_.defined() ? initial_noise_.clone() : noise(frames);
 }
 
 void Denoising::reseed(uint64_t seed) { cpu_generator_.set_current_seed(seed); }
@@ -157,6 +163,22 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
     bad_option("window " + std::to_string(o.window) + ": the model takes " + std::to_string(spec.min_frames) + " to " +
                std::to_string(spec.window) + " latent frames per call");
   if (o.frames < 0) bad_option("frames must be >= 0");
+  // fifo's queue and rolling's carried frames put frames of one model call at different noise levels.
+  if (o.schedule != ScheduleKind::clip && !spec.per_frame_timesteps)
+    bad_option(std::string("the ") + schedule_kind_name(o.schedule) + " schedule gives the frames of one model call " +
+               "different timesteps, and this model (" + spec.backend +
+               ") takes one timestep per call: use the clip schedule");
+  if (o.initial_noise.defined()) {
+    if (o.schedule != ScheduleKind::clip)
+      bad_option(std::string("initial_noise is for the clip schedule, not ") + schedule_kind_name(o.schedule));
+    const std::vector<int64_t> want{1, spec.channels, o.frames, o.height, o.width};
+    if (o.initial_noise.sizes() != c10::IntArrayRef(want) || !o.initial_noise.is_floating_point()) {
+      std::ostringstream s;
+      s << "initial_noise: expected a floating point " << c10::IntArrayRef(want) << ", got " << o.initial_noise.sizes()
+        << " " << o.initial_noise.scalar_type();
+      bad_option(s.str());
+    }
+  }
   switch (o.schedule) {
     case ScheduleKind::clip:
       if (o.frames < spec.min_frames || o.frames > o.window)

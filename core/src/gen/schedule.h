@@ -20,6 +20,8 @@ class Denoising {
   torch::Tensor predict(const torch::Tensor& x, const std::vector<int64_t>& steps);
   // Unit Gaussian noise [1, C, frames, h, w], drawn on the CPU so every device gets the same numbers.
   torch::Tensor noise(int64_t frames);
+  // The clip schedule's starting noise: GeneratorOptions::initial_noise where set, else noise(frames).
+  torch::Tensor clip_noise(int64_t frames);
   void reseed(uint64_t seed);
   // The noise stream's position, to rewind it when an iteration fails.
   torch::Tensor noise_state() const;
@@ -35,6 +37,7 @@ class Denoising {
   const Sampler& sampler_;
   double guidance_;
   torch::Tensor text_, negative_text_;
+  torch::Tensor initial_noise_;
   int64_t channels_, height_, width_;
   torch::Generator cpu_generator_;
   std::atomic<int64_t> calls_{0};  // read by stats from other threads

@@ -24,7 +24,7 @@ class ClipSchedule final : public Schedule {
   std::vector<GeneratedFrame> advance(Denoising& d) override {
     if (done_) return {};
     const Sampler& sampler = d.sampler();
-    torch::Tensor x = d.noise(frames_);
+    torch::Tensor x = d.clip_noise(frames_);
     SamplerHistory history;
     for (int64_t i = 0; i < sampler.steps(); ++i) {
       torch::Tensor out = d.predict(x, std::vector<int64_t>(frames_, i));

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "gen/backends.h"
-#include "io/json.h"
+#include "gen/diffusers_folder.h"
 #include "io/weight_files.h"
 #include "latent/io/safetensors.h"
 #include "memory/residency.h"
@@ -27,7 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using torch::Tensor;
 
-constexpr const char* kClass = "WanTransformer3DModel";
 // The prompt embedding length of Wan's pipeline (umT5 output, padded to 512 tokens).
 constexpr int64_t kTextTokens = 512;
 // Bounds far above the published configs (1.3B: 12 heads of 128, 30 layers; 14B: 40 heads, 40 layers), low enough
@@ -46,94 +45,8 @@ struct WanConfig {
   int64_t dim() const { return heads * head_dim; }
 };
 
-json::Value parse_object(const fs::path& p) {
-  json::Value v;
-  try {
-    v = json::parse(read_text_file(p));
-  } catch (const json::Error& e) {
-    throw ModelError(p.string() + ": not valid JSON: " + e.what());
-  }
-  if (!v.is_object()) throw ModelError(p.string() + ": not a JSON object");
-  return v;
-}
-
-std::string class_of(const json::Value& v) {
-  const json::Value* c = v.find("_class_name");
-  return c && c->is_string() ? c->as_string() : std::string();
-}
-
-// Typed access to a config object, every key optional with diffusers' default, every value checked; the error
-// names the file and the key.
-class Config {
- public:
-  Config(const json::Value& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
-
-  const json::Value* get(const std::string& key) {
-    seen_.insert(key);
-    const json::Value* v = obj_.find(key);
-    return v && !v->is_null() ? v : nullptr;
-  }
-  int64_t integer(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) {
-    const json::Value* v = get(key);
-    if (!v) return fallback;
-    int64_t i = 0;
-    try {
-      i = v->as_int64();
-    } catch (const json::Error&) {
-      fail(key, "is not an integer");
-    }
-    if (i < lo || i > hi)
-      fail(key, "= " + std::to_string(i) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return i;
-  }
-  double number(const std::string& key, double fallback, double lo, double hi) {
-    const json::Value* v = get(key);
-    if (!v) return fallback;
-    double d = 0;
-    try {
-      d = v->as_double();
-    } catch (const json::Error&) {
-      fail(key, "is not a number");
-    }
-    if (!(d >= lo && d <= hi)) fail(key, "is out of range");
-    return d;
-  }
-  bool boolean(const std::string& key, bool fallback) {
-    const json::Value* v = get(key);
-    if (!v) return fallback;
-    if (!v->is_bool()) fail(key, "is not true or false");
-    return v->as_bool();
-  }
-  std::string string(const std::string& key, const std::string& fallback) {
-    const json::Value* v = get(key);
-    if (!v) return fallback;
-    if (!v->is_string()) fail(key, "is not a string");
-    return v->as_string();
-  }
-  // A key whose only supported value is absence (null): image conditioning and the like.
-  void unsupported(const std::string& key, const std::string& what) {
-    if (get(key)) fail(key, "is set: " + what + " is not supported by the native backend");
-  }
-  void ignore(const std::string& key) { seen_.insert(key); }
-  // Keys this version does not know could change the network in ways it would silently ignore.
-  void no_other_keys() const {
-    std::string unknown;
-    for (const auto& [k, v] : obj_.as_object())
-      if (!seen_.count(k) && k.rfind('_', 0) != 0) unknown += (unknown.empty() ? "\"" : ", \"") + k + "\"";
-    if (!unknown.empty()) throw ModelError(where_ + ": unknown config keys " + unknown + " (a newer model version?)");
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw ModelError(where_ + ": config \"" + key + "\" " + what);
-  }
-
- private:
-  const json::Value& obj_;
-  std::string where_;
-  std::set<std::string> seen_;
-};
-
 WanConfig parse_config(const json::Value& v, const std::string& where) {
-  Config r(v, where);
+  ConfigReader r(v, where);
   WanConfig c;
   if (const json::Value* p = r.get("patch_size")) {
     if (!p->is_array() || p->as_array().size() != 3) r.fail("patch_size", "is not a list of 3 integers");
@@ -184,10 +97,10 @@ SamplerOptions parse_scheduler(const fs::path& file) {
   s.steps = 50;   // WanPipeline's num_inference_steps
   s.shift = 3.0;  // Wan2.1-T2V-1.3B-Diffusers' scheduler (480p)
   if (!fs::exists(file)) return s;
-  const json::Value v = parse_object(file);
-  const std::string cls = class_of(v);
+  const json::Value v = read_json_object(file);
+  const std::string cls = class_name_of(v);
   const std::string where = file.string();
-  Config r(v, where);
+  ConfigReader r(v, where);
   const auto require = [&](const std::string& key, const std::string& want, const std::string& fallback) {
     const std::string got = r.string(key, fallback);
     if (got != want) r.fail(key, "= \"" + got + "\": only \"" + want + "\" is supported");
@@ -426,37 +339,10 @@ class WanTransformer : public Denoiser {
   Tensor freqs_;
 };
 
-struct Located {
-  fs::path transformer;  // the folder with config.json and the weights
-  fs::path scheduler;    // scheduler_config.json, which may not exist
-};
-
-// A pipeline folder (model_index.json or transformer/) or a transformer folder; nullopt for anything else.
-std::optional<Located> locate(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return std::nullopt;
-  if (fs::exists(path / "transformer" / "config.json") || fs::exists(path / "model_index.json"))
-    return Located{path / "transformer", path / "scheduler" / "scheduler_config.json"};
-  if (fs::exists(path / "config.json") && class_of(parse_object(path / "config.json")) == kClass)
-    return Located{path, path.parent_path() / "scheduler" / "scheduler_config.json"};
-  return std::nullopt;
-}
-
 }  // namespace
 
-bool is_diffusers_transformer(const std::filesystem::path& path) { return locate(path).has_value(); }
-
-std::shared_ptr<Denoiser> load_wan_transformer(const std::filesystem::path& path, const LoadOptions& opt) {
-  const auto where = locate(path);
-  if (!where) throw ModelError(path.string() + ": not a diffusers pipeline or transformer folder");
-  const fs::path cfg_file = where->transformer / "config.json";
-  if (!fs::exists(cfg_file)) throw ModelError(path.string() + ": pipeline folder has no transformer/config.json");
-  const json::Value cfg_json = parse_object(cfg_file);
-  const std::string cls = class_of(cfg_json);
-  if (cls != kClass)
-    throw ModelError(cfg_file.string() + ": transformer \"" + cls +
-                     "\" is not supported natively (supported: " + kClass + ")");
-  const WanConfig cfg = parse_config(cfg_json, cfg_file.string());
+std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt) {
+  const WanConfig cfg = parse_config(folder.config, folder.config_file.string());
 
   DenoiserSpec spec;
   spec.backend = "wan2.1";
@@ -468,12 +354,12 @@ std::shared_ptr<Denoiser> load_wan_transformer(const std::filesystem::path& path
   spec.size_multiple = std::lcm(cfg.ph, cfg.pw);
   spec.text_tokens = kTextTokens;
   spec.text_dim = cfg.text_dim;
-  spec.sampler = parse_scheduler(where->scheduler);
+  spec.sampler = parse_scheduler(folder.scheduler);
   spec.guidance = 5.0;      // WanPipeline's guidance_scale
   spec.native_height = 60;  // 480x832 video
   spec.native_width = 104;
 
-  WeightSource src = read_safetensors_folder(where->transformer, "diffusion_pytorch_model");
+  WeightSource src = read_safetensors_folder(folder.transformer, "diffusion_pytorch_model");
   auto model = std::make_shared<WanTransformer>(cfg, std::move(spec), src, opt);
   settle_residency(src);
   return model;

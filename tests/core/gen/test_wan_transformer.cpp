@@ -293,9 +293,9 @@ TEST_F(WanFolder, ConfigErrorsNameTheKey) {
   e = error(dir_ / "pipeline");
   EXPECT_NE(e.find("unknown config keys \"sliding_window\""), std::string::npos) << e;
 
-  edit_config([](json::Object& o) { set(o, "_class_name", json::Value("CogVideoXTransformer3DModel")); });
+  edit_config([](json::Object& o) { set(o, "_class_name", json::Value("MochiTransformer3DModel")); });
   e = error(dir_ / "pipeline");
-  EXPECT_NE(e.find("\"CogVideoXTransformer3DModel\" is not supported natively"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"MochiTransformer3DModel\" is not supported natively"), std::string::npos) << e;
 }
 
 TEST_F(WanFolder, SchedulerConfigRead) {

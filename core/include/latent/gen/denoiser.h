@@ -40,6 +40,10 @@ struct DenoiserSpec {
   // The latent size it was trained at, which videogen makes when none is set; 0 where the file does not say.
   int64_t native_height = 0;
   int64_t native_width = 0;
+  // Whether each latent frame may have its own timestep (Wan, whose time embedding is per token). False for a
+  // model conditioned on one timestep per call (CogVideoX): predict() then takes only equal values, and only the
+  // clip schedule, whose frames share every step, can drive it.
+  bool per_frame_timesteps = true;
 };
 
 class Denoiser {
@@ -50,9 +54,10 @@ class Denoiser {
   torch::ScalarType dtype() const { return options_.dtype; }
 
   // x: [1, channels, T, h, w]; timesteps: [1, T], the model's conditioning value of each latent frame (a
-  // sampler's timestep(), 0 for a clean frame); text: [1, text_tokens, text_dim] or undefined for a model without
-  // text. Any device and dtype: they are moved to the model's. Returns the prediction [1, channels, T, h, w] in
-  // float32 on the model's device. Throws std::invalid_argument naming the input and the accepted shape.
+  // sampler's timestep(), 0 for a clean frame), all equal unless spec().per_frame_timesteps; text: [1, text_tokens,
+  // text_dim] or undefined for a model without text. Any device and dtype: they are moved to the model's. Returns the
+  // prediction [1, channels, T, h, w] in float32 on the model's device. Throws std::invalid_argument naming the input
+  // and the accepted shape (or, for unequal timesteps to a model without per-frame timesteps, saying so).
   torch::Tensor predict(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const;
 
  protected:

@@ -44,6 +44,9 @@ struct GeneratorOptions {
   torch::Tensor negative_text;  // the same shape; needed when guidance != 1
   // The noise comes from a CPU generator with this seed: the same seed gives the same latents on every device.
   uint64_t seed = 0;
+  // clip only: the starting noise [1, C, frames, h, w] instead of the seeded draw, e.g. a reference pipeline's
+  // latents= to reproduce its run. Any device and floating dtype; it is copied to float32 on the model's device.
+  torch::Tensor initial_noise;
 };
 
 // Thrown by Generator::next() when interrupt() stopped it; the generator is as it was before that call.
@@ -61,8 +64,9 @@ struct GeneratedFrame {
 
 class Generator {
  public:
-  // Throws std::invalid_argument naming the option when the options do not fit the denoiser, or when the
-  // latents the schedule keeps alone would not fit in the device's available memory.
+  // Throws std::invalid_argument naming the option when the options do not fit the denoiser (fifo and rolling
+  // need a denoiser with per-frame timesteps), or when the latents the schedule keeps alone would not fit in the
+  // device's available memory.
   Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options);
   ~Generator();
   Generator(const Generator&) = delete;

@@ -17,7 +17,9 @@ enum class Prediction { flow, v, epsilon };
 enum class SamplerKind {
   euler,  // flow matching, Euler (diffusers FlowMatchEulerDiscreteScheduler)
   unipc,  // UniPC for flow: order 2, bh2, x0 prediction, lower order final (UniPCMultistepScheduler, flow sigmas)
-  ddim,   // CogVideoX's DDIM: v or epsilon, trailing spacing, zero terminal SNR (CogVideoXDDIMScheduler)
+  ddim,   // CogVideoX's DDIM: v or epsilon, trailing spacing, zero terminal SNR (CogVideoXDDIMScheduler). Also what
+          // a CogVideoX folder's CogVideoXDPMScheduler (the 5B's) is run with: the same schedule and timesteps,
+          // stepped deterministically instead of by its stochastic second-order update.
 };
 
 class SamplerError : public std::invalid_argument {

@@ -1,0 +1,64 @@
+// What every natively run diffusers transformer shares in its files: where a pipeline folder keeps the transformer
+// and the scheduler, which classes they name, and checked, typed access to their config.json. The families
+// (gen/wan_transformer.cpp, gen/cogvideox_transformer.cpp) read their own keys through ConfigReader.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "io/json.h"
+
+namespace latent {
+
+// The file parsed as a JSON object; ModelError naming it otherwise.
+json::Value read_json_object(const std::filesystem::path& path);
+
+// The "_class_name" of a diffusers config, or "" when it has none.
+std::string class_name_of(const json::Value& config);
+
+// A config object read key by key, every key optional with the family's default, every value checked; errors are
+// ModelError naming the file and the key.
+class ConfigReader {
+ public:
+  ConfigReader(const json::Value& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  // The value, or null when absent or JSON null (diffusers' None); marks the key as read.
+  const json::Value* get(const std::string& key);
+  int64_t integer(const std::string& key, int64_t fallback, int64_t lo, int64_t hi);
+  double number(const std::string& key, double fallback, double lo, double hi);
+  bool boolean(const std::string& key, bool fallback);
+  std::string string(const std::string& key, const std::string& fallback);
+  // A key whose only supported value is absence (null): image conditioning and the like.
+  void unsupported(const std::string& key, const std::string& what);
+  void ignore(const std::string& key) { seen_.insert(key); }
+  // Keys this version does not know could change the network in ways it would silently ignore. Keys starting
+  // with "_" are diffusers' bookkeeping.
+  void no_other_keys() const;
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const;
+  const std::string& where() const { return where_; }
+
+ private:
+  const json::Value& obj_;
+  std::string where_;
+  std::set<std::string> seen_;
+};
+
+struct DiffusersFolder {
+  std::filesystem::path transformer;  // the folder with config.json and the weights
+  std::filesystem::path config_file;  // transformer/config.json
+  std::filesystem::path scheduler;    // scheduler/scheduler_config.json, which may not exist
+  json::Value config;                 // config_file's object
+  std::string transformer_class;      // its "_class_name"
+  std::string pipeline_class;         // model_index.json's "_class_name"; "" for a bare transformer folder
+};
+
+// A pipeline folder (model_index.json or transformer/config.json) or a transformer folder (config.json beside
+// diffusion_pytorch_model.safetensors or its shard index).
+bool is_diffusers_folder(const std::filesystem::path& path);
+
+// Locates and parses the transformer's config; ModelError naming the file when one is missing or not JSON.
+DiffusersFolder read_diffusers_folder(const std::filesystem::path& path);
+
+}  // namespace latent
