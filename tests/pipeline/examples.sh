@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The example scripts run as documented: file -> latents -> mp4, generation -> mp4, and the live round trip to a
 # (fake) screen; then the embedding application (examples/embed), built by meson, reads latents from an appsink.
-# usage: examples.sh SOURCE_DIR MODEL ENCODE_TO_APPSINK
+# usage: examples.sh SOURCE_DIR MODEL ENCODE_TO_APPSINK [PIPELINE_FIXTURES]
 set -euo pipefail
-src=$1 model=$2 embed=$3
+src=$1 model=$2 embed=$3 pipelines=${4:-}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 gst-launch-1.0 -q videotestsrc num-buffers=9 ! video/x-raw,width=64,height=48 ! videoconvert ! x264enc ! mp4mux ! \
@@ -21,6 +21,15 @@ n=$(gst-launch-1.0 -v filesrc location="$dir/out.mp4" ! qtdemux ! avdec_mpeg4 ! 
 "$src/examples/generate-to-mp4.sh" default default 10 "$dir/gen.mp4" steps=2 seed=1
 n=$(gst-launch-1.0 -v filesrc location="$dir/gen.mp4" ! qtdemux ! avdec_mpeg4 ! fakesink silent=false 2>&1 | grep -c 'chain' || true)
 [ "$n" -eq 10 ] || { echo "FAIL: $n frames generated into the mp4, 10 expected"; exit 1; }
+# Text to video from a pipeline folder (a tiny random Wan one): the frames asked for, decoded by its own VAE.
+if [ -n "$pipelines" ] && [ -f "$pipelines/stamp" ]; then
+  "$src/examples/text-to-mp4.sh" "$pipelines/wan" "a red fox running through snow" 9 "$dir/fox.mp4" \
+    width=96 height=64 steps=2 >"$dir/t2v.log" 2>&1 || { cat "$dir/t2v.log"; echo "FAIL: text-to-mp4.sh"; exit 1; }
+  n=$(gst-launch-1.0 -v filesrc location="$dir/fox.mp4" ! qtdemux ! avdec_mpeg4 ! fakesink silent=false 2>&1 | grep -c 'chain' || true)
+  [ "$n" -eq 9 ] || { echo "FAIL: $n frames in the text-to-video mp4, 9 expected"; exit 1; }
+else
+  echo "SKIP: text-to-mp4.sh (no pipeline fixtures: a build without the .venv)"
+fi
 # A live source never ends by itself: the sink stops after 6 frames and the script must then exit cleanly.
 timeout 120 "$src/examples/round-trip-to-screen.sh" "$model" "fakesink num-buffers=6" >"$dir/live.log" 2>&1 \
   || { cat "$dir/live.log"; echo "FAIL: live round trip"; exit 1; }
