@@ -8,7 +8,7 @@ with such a folder in transformer/ (e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers). The 
 
   latents        [1, C, T, h, w]  noisy latents (T dynamic, min_frames..window; h, w fixed at export)
   timesteps      [1, T] float32   the model's timestep of each latent frame (per-frame noise levels)
-  prompt_embeds  [1, L, D]        text conditioning (tools/encode_prompt.py computes it with the text encoder)
+  prompt_embeds  [1, L, D]        text conditioning (latent-prompt computes it with the folder's text encoder)
 
 and returns the prediction [1, C, T, h, w]. Its metadata ("latent.*" keys) carries the contract the C++ side checks
 before every run: prediction type, latent space, channels, frame window, latent size, text shape, dtype and the

@@ -244,7 +244,7 @@ GST_START_TEST(test_bad_settings_are_named) {
       {"model=" + fixture + " width=64 height=48 prompt-embeds=" + dir + "/other.safetensors",
        "has no tensor \"prompt_embeds\""},
       {"model=" + fixture + " width=64 height=48 prompt-embeds=" + dir + "/missing.safetensors",
-       "Cannot read prompt-embeds"},
+       "Cannot read an input of the run: " + dir + "/missing.safetensors"},
       {"model=/nonexistent/gen.safetensors", "no such file or directory"},
       {"model=" + std::string(LATENT_TEST_SOURCE_ROOT) + "/models/latent-tiny-wan.safetensors",
        "not a denoiser gst-latent knows"},
