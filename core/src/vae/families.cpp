@@ -7,14 +7,18 @@ namespace latent {
 namespace {
 
 // Recognisers run in this order, so a family whose names are a subset of another's comes after it.
-constexpr std::array<Family, 2> kFamilies{{
-    {"wan2.1", "AutoencoderKLWan", recognise_wan, make_wan, wan_chunks},
-    {"cogvideox", "AutoencoderKLCogVideoX", recognise_cogvideox, make_cogvideox, cogvideox_chunks},
+constexpr std::array<Family, 3> kFamilies{{
+    {"wan2.1", "AutoencoderKLWan", wan21_takes_config, recognise_wan, make_wan, wan_chunks},
+    {"wan2.2", "AutoencoderKLWan", wan22_takes_config, recognise_wan22, make_wan22, wan_chunks},
+    {"cogvideox", "AutoencoderKLCogVideoX", nullptr, recognise_cogvideox, make_cogvideox, cogvideox_chunks},
 }};
 
 std::string supported(const char* Family::*field) {
   std::string out;
-  for (const Family& f : kFamilies) out += (out.empty() ? "" : ", ") + std::string(f.*field);
+  for (const Family& f : kFamilies) {
+    const std::string v = f.*field;
+    if ((", " + out + ", ").find(", " + v + ", ") == std::string::npos) out += (out.empty() ? "" : ", ") + v;
+  }
   return out;
 }
 
@@ -25,7 +29,7 @@ std::span<const Family> families() { return kFamilies; }
 const Family& detect_family(WeightSource& src) {
   if (src.config && !src.config->class_name.empty()) {
     for (const Family& f : kFamilies)
-      if (src.config->class_name == f.config_class) return f;
+      if (src.config->class_name == f.config_class && (!f.takes_config || f.takes_config(*src.config))) return f;
     throw ModelError(src.weights.string() + ": model class '" + src.config->class_name +
                      "' is not a supported VAE (supported: " + supported(&Family::config_class) + ")");
   }

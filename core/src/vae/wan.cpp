@@ -1,8 +1,15 @@
-// The Wan 2.1 VAE (diffusers AutoencoderKLWan; also the original Wan2.1_VAE.pth layout).
+// The Wan 2.1 and Wan 2.2 (TI2V-5B) VAEs: diffusers' AutoencoderKLWan with is_residual false or true, and the
+// original Wan2.1_VAE.pth / Wan2.2_VAE.pth layouts.
 //
 // Streaming is the model's own definition: the reference encodes frame 0 alone and then 4 frames per call,
 // carrying every causal conv's last frames, and decodes one latent per call. Any cut with a 1-frame first chunk
 // and later chunks of multiples of 4 frames (any number of latents when decoding) gives the same result.
+//
+// Wan 2.2 differs in three ways. Frames are folded 2x2 into 12 channels before the encoder and unfolded after the
+// decoder. Each level gets a parameter-free shortcut around it (channel-group averages of 2x2(x2) blocks going
+// down, their duplication going up); these see whole chunks, and stay exact under any cut the rule above allows
+// because a later chunk always holds an even number of frames at every temporally downsampled level. And the
+// decoder's upsamplers keep their width instead of halving it.
 #include <torch/torch.h>
 
 #include <variant>
@@ -21,6 +28,9 @@ using torch::Tensor;
 
 struct WanConfig {
   int64_t base_dim = 96;
+  int64_t decoder_base_dim = 0;  // 0: base_dim
+  bool residual = false;         // Wan 2.2's residual levels
+  int64_t patch = 1;             // frames are folded patch x patch into channels
   int64_t z_dim = 16;
   std::vector<int64_t> dim_mult = {1, 2, 4, 4};
   int64_t num_res_blocks = 2;
@@ -39,6 +49,18 @@ const std::vector<double> kWanMean = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.174
                                       0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503,  -0.2921};
 const std::vector<double> kWanStd = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
+// Published Wan 2.2 (TI2V-5B) normalisation, for the original checkpoint, which has no config (the diffusers
+// config and Wan2_2_VAE in the original vae2_2.py agree).
+const std::vector<double> kWan22Mean = {
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174,  0.1838,  0.1557,  -0.1382, 0.0542,  0.2813,  0.0891,
+    0.1570,  -0.0098, 0.0375,  -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,  0.2665,  -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109,  0.1567,  -0.0729, 0.0899,  -0.2799, -0.1230, -0.0313, -0.1649, 0.0117,  0.0723,
+    -0.2839, -0.2083, -0.0520, 0.3748,  0.0152,  0.1957,  0.1433,  -0.2944, 0.3573,  -0.0548, -0.1681, -0.0667};
+const std::vector<double> kWan22Std = {0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344,
+                                       0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804,
+                                       0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999,
+                                       0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+                                       0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744};
 
 struct ResBlock {
   Tensor gamma1, gamma2;
@@ -104,11 +126,13 @@ struct Resample {
   CausalConv3d time_up;  // up3d's time conv, causal with zero padding
   int slot = -1;
 
-  static Resample load(WeightReader& r, const std::string& p, int64_t c, ResampleMode mode, SlotAllocator& slots) {
+  // `up_out`: the upsamplers' output width (Wan 2.1 halves it, Wan 2.2 keeps it).
+  static Resample load(WeightReader& r, const std::string& p, int64_t c, ResampleMode mode, SlotAllocator& slots,
+                       int64_t up_out) {
     Resample s;
     s.mode = mode;
     const bool up = mode == ResampleMode::up2d || mode == ResampleMode::up3d;
-    s.spatial = Conv::load(r, p + ".resample.1", {up ? c / 2 : c, c, 3, 3});
+    s.spatial = Conv::load(r, p + ".resample.1", {up ? up_out : c, c, 3, 3});
     if (up) s.spatial.prefer_winograd();  // the downsamplers' convs have stride 2
     if (mode == ResampleMode::down3d) {
       s.time = Conv::load(r, p + ".time_conv", {c, c, 3, 1, 1});
@@ -161,6 +185,73 @@ Tensor run(const Block& b, const Tensor& x, StateSlots& s) {
   return std::visit([&](const auto& m) { return m.forward(x, s); }, b);
 }
 
+// Wan 2.2's down shortcut: every output channel is the mean of `group` consecutive entries of the input's
+// (channel, dt, dy, dx) blocks of ft x fs x fs. A chunk of an odd number of frames (only the first: 1 frame) is
+// preceded by zero frames, as the reference pads it.
+struct AvgDown {
+  int64_t cout = 0, ft = 1, fs = 1;
+
+  Tensor forward(const Tensor& x_in) const {
+    Tensor x = x_in;
+    if (const int64_t pad = (ft - x.size(2) % ft) % ft; pad > 0)
+      x = torch::cat({torch::zeros({x.size(0), x.size(1), pad, x.size(3), x.size(4)}, x.options()), x}, 2);
+    const int64_t b = x.size(0), c = x.size(1), t = x.size(2) / ft, h = x.size(3) / fs, w = x.size(4) / fs;
+    const int64_t group = c * ft * fs * fs / cout;
+    return x.reshape({b, c, t, ft, h, fs, w, fs})
+        .permute({0, 1, 3, 5, 7, 2, 4, 6})
+        .reshape({b, cout, group, t, h, w})
+        .mean(2);
+  }
+};
+
+// Wan 2.2's up shortcut, the mirror of AvgDown: each input channel is repeated and the copies laid out as
+// ft x fs x fs blocks. In the clip's first chunk the upsamplers do not double time, so the first ft - 1 frames
+// are dropped to match.
+struct DupUp {
+  int64_t cout = 0, ft = 1, fs = 1;
+
+  Tensor forward(const Tensor& x, bool first) const {
+    const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
+    const int64_t repeats = cout * ft * fs * fs / c;
+    Tensor y = x.unsqueeze(2)
+                   .expand({b, c, repeats, t, h, w})
+                   .reshape({b, cout, ft, fs, fs, t, h, w})
+                   .permute({0, 1, 5, 2, 6, 3, 7, 4})
+                   .reshape({b, cout, t * ft, h * fs, w * fs});
+    return first && ft > 1 ? y.slice(2, ft - 1) : y;
+  }
+};
+
+// One resolution level: its blocks in order (residual blocks, then the resampler), and for Wan 2.2 the
+// shortcut around the whole level.
+struct Level {
+  std::vector<Block> blocks;
+  std::optional<AvgDown> down;
+  std::optional<DupUp> up;
+
+  Tensor forward(const Tensor& x, StateSlots& s, bool first_chunk) const {
+    Tensor h = x;
+    for (const auto& b : blocks) h = run(b, h, s);
+    if (down) return h.add_(down->forward(x));
+    if (up) return h.add_(up->forward(x, first_chunk));
+    return h;
+  }
+};
+
+// [B, C, T, H, W] -> [B, C p p, T, H/p, W/p]: channel c*p*p + dx*p + dy holds pixel (dy, dx) of each p x p block,
+// the order of the reference's patchify.
+Tensor patchify(const Tensor& x, int64_t p) {
+  if (p == 1) return x;
+  const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3) / p, w = x.size(4) / p;
+  return x.reshape({b, c, t, h, p, w, p}).permute({0, 1, 6, 4, 2, 3, 5}).reshape({b, c * p * p, t, h, w});
+}
+
+Tensor unpatchify(const Tensor& x, int64_t p) {
+  if (p == 1) return x;
+  const int64_t b = x.size(0), c = x.size(1) / (p * p), t = x.size(2), h = x.size(3), w = x.size(4);
+  return x.reshape({b, c, p, p, t, h, w}).permute({0, 1, 4, 5, 3, 6, 2}).reshape({b, c, t, h * p, w * p});
+}
+
 struct Mid {
   ResBlock res0, res1;
   Attention attn;
@@ -180,6 +271,7 @@ class WanVae : public Vae {
  public:
   WanVae(const WanConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg, src), opt) {
     WeightReader r(src, opt.device, opt.dtype);
+    patch_ = cfg.patch;
     load_encoder(r, cfg);
     load_decoder(r, cfg);
     r.finish();
@@ -191,8 +283,8 @@ class WanVae : public Vae {
 
   Tensor encode_step(VaeState& state, const Tensor& x) const override {
     StateSlots& s = SlotState::of(state);
-    Tensor h = enc_in_.forward(x, s);
-    for (const auto& b : down_) h = run(b, h, s);
+    Tensor h = enc_in_.forward(patchify(x, patch_), s);
+    for (const auto& level : down_) h = level.forward(h, s, false);
     h = enc_mid_.forward(h, s);
     h = conv_silu_rms_norm(enc_out_, h, enc_norm_, s);
     return conv1x1x1(h, quant_);
@@ -200,21 +292,26 @@ class WanVae : public Vae {
 
   Tensor decode_step(VaeState& state, const Tensor& z) const override {
     StateSlots& s = SlotState::of(state);
+    bool first = false;
+    if (first_slot_ >= 0) {
+      first = !s.started[first_slot_];
+      s.started[first_slot_] = true;
+    }
     Tensor h = dec_in_.forward(conv1x1x1(z, post_quant_), s);
     h = dec_mid_.forward(h, s);
-    for (const auto& b : up_) h = run(b, h, s);
+    for (const auto& level : up_) h = level.forward(h, s, first);
     h = conv_silu_rms_norm(dec_out_, h, dec_norm_, s);
-    return h.clamp(-1, 1);
+    return unpatchify(h, patch_).clamp(-1, 1);
   }
 
  private:
   static VaeSpec make_spec(const WanConfig& cfg, const WeightSource& src) {
     VaeSpec s;
-    s.family = "wan2.1";
-    s.model_id = model_id_of(src, "wan2.1");
-    s.in_channels = cfg.in_channels;
+    s.family = cfg.residual ? "wan2.2" : "wan2.1";
+    s.model_id = model_id_of(src, s.family);
+    s.in_channels = cfg.in_channels / (cfg.patch * cfg.patch);
     s.latent_channels = cfg.z_dim;
-    s.spatial_factor = int64_t(1) << (cfg.dim_mult.size() - 1);
+    s.spatial_factor = (int64_t(1) << (cfg.dim_mult.size() - 1)) * cfg.patch;
     int64_t tf = 1;
     for (bool t : cfg.temporal_downsample) tf *= t ? 2 : 1;
     s.temporal_factor = tf;
@@ -230,6 +327,8 @@ class WanVae : public Vae {
     return s;
   }
 
+  // diffusers nests Wan 2.2's levels (down_blocks.{i}.resnets.{j}, .downsampler) where Wan 2.1's list is flat
+  // (down_blocks.{n}); the original checkpoints' names are mapped to these before loading.
   void load_encoder(WeightReader& r, const WanConfig& cfg) {
     SlotAllocator slots;
     std::vector<int64_t> dims = {cfg.base_dim};
@@ -238,15 +337,24 @@ class WanVae : public Vae {
     int idx = 0;
     const size_t levels = cfg.dim_mult.size();
     for (size_t i = 0; i < levels; ++i) {
+      const std::string p = "encoder.down_blocks." + std::to_string(i);
+      auto name = [&](const char* residual_name) {
+        return cfg.residual ? p + "." + residual_name : "encoder.down_blocks." + std::to_string(idx++);
+      };
+      Level level;
       int64_t cin = dims[i], cout = dims[i + 1];
       for (int64_t j = 0; j < cfg.num_res_blocks; ++j) {
-        down_.emplace_back(ResBlock::load(r, "encoder.down_blocks." + std::to_string(idx++), cin, cout, slots));
+        const std::string resnet = "resnets." + std::to_string(j);
+        level.blocks.emplace_back(ResBlock::load(r, name(resnet.c_str()), cin, cout, slots));
         cin = cout;
       }
-      if (i + 1 != levels) {
-        auto mode = cfg.temporal_downsample[i] ? ResampleMode::down3d : ResampleMode::down2d;
-        down_.emplace_back(Resample::load(r, "encoder.down_blocks." + std::to_string(idx++), cout, mode, slots));
+      const bool last = i + 1 == levels, time = !last && cfg.temporal_downsample[i];
+      if (!last) {
+        level.blocks.emplace_back(Resample::load(r, name("downsampler"), cout,
+                                                 time ? ResampleMode::down3d : ResampleMode::down2d, slots, cout));
       }
+      if (cfg.residual) level.down = AvgDown{cout, time ? 2 : 1, last ? 1 : 2};
+      down_.push_back(std::move(level));
     }
     const int64_t c = dims.back();
     enc_mid_ = Mid::load(r, "encoder.mid_block", c, slots);
@@ -258,38 +366,47 @@ class WanVae : public Vae {
 
   void load_decoder(WeightReader& r, const WanConfig& cfg) {
     SlotAllocator slots;
-    std::vector<int64_t> dims = {cfg.base_dim * cfg.dim_mult.back()};
-    for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) dims.push_back(cfg.base_dim * *it);
+    const int64_t base = cfg.decoder_base_dim > 0 ? cfg.decoder_base_dim : cfg.base_dim;
+    std::vector<int64_t> dims = {base * cfg.dim_mult.back()};
+    for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) dims.push_back(base * *it);
     post_quant_ = Conv::load(r, "post_quant_conv", {cfg.z_dim, cfg.z_dim, 1, 1, 1});
     dec_in_ = CausalConv3d::load(r, "decoder.conv_in", cfg.z_dim, dims[0], {3, 3, 3}, TimePad::zeros, slots);
     dec_mid_ = Mid::load(r, "decoder.mid_block", dims[0], slots);
     const size_t levels = cfg.dim_mult.size();
     for (size_t i = 0; i < levels; ++i) {
-      // Every upsampler halves the channels, so blocks after the first start from half their input width.
-      int64_t cin = i > 0 ? dims[i] / 2 : dims[i];
+      // Wan 2.1's upsamplers halve the channels, so its blocks after the first start from half their input width.
+      int64_t cin = i > 0 && !cfg.residual ? dims[i] / 2 : dims[i];
       const int64_t cout = dims[i + 1];
       const std::string p = "decoder.up_blocks." + std::to_string(i);
+      Level level;
       for (int64_t j = 0; j <= cfg.num_res_blocks; ++j) {
-        up_.emplace_back(ResBlock::load(r, p + ".resnets." + std::to_string(j), cin, cout, slots));
+        level.blocks.emplace_back(ResBlock::load(r, p + ".resnets." + std::to_string(j), cin, cout, slots));
         cin = cout;
       }
       if (i + 1 != levels) {
-        bool time = cfg.temporal_downsample[cfg.temporal_downsample.size() - 1 - i];
-        up_.emplace_back(
-            Resample::load(r, p + ".upsamplers.0", cout, time ? ResampleMode::up3d : ResampleMode::up2d, slots));
+        const bool time = cfg.temporal_downsample[cfg.temporal_downsample.size() - 1 - i];
+        level.blocks.emplace_back(Resample::load(r, p + (cfg.residual ? ".upsampler" : ".upsamplers.0"), cout,
+                                                 time ? ResampleMode::up3d : ResampleMode::up2d, slots,
+                                                 cfg.residual ? cout : cout / 2));
+        if (cfg.residual) level.up = DupUp{cout, time ? 2 : 1, 2};
       }
+      up_.push_back(std::move(level));
     }
     const int64_t c = dims.back();
     dec_norm_ = r.take("decoder.norm_out.gamma", {c, 1, 1, 1});
-    dec_out_ = CausalConv3d::load(r, "decoder.conv_out", c, 3, {3, 3, 3}, TimePad::zeros, slots);
+    dec_out_ = CausalConv3d::load(r, "decoder.conv_out", c, cfg.out_channels, {3, 3, 3}, TimePad::zeros, slots);
+    // The up shortcuts treat the clip's first chunk apart; the stream remembers whether it has had one.
+    if (cfg.residual) first_slot_ = slots.take();
     dec_slots_ = size_t(slots.next);
   }
 
+  int64_t patch_ = 1;
   CausalConv3d enc_in_, enc_out_, dec_in_, dec_out_;
-  std::vector<Block> down_, up_;
+  std::vector<Level> down_, up_;
   Mid enc_mid_, dec_mid_;
   Tensor enc_norm_, dec_norm_;
   Conv quant_, post_quant_;
+  int first_slot_ = -1;
   size_t enc_slots_ = 0, dec_slots_ = 0;
 };
 
@@ -300,25 +417,98 @@ std::vector<int64_t> int_list(const json::Value& v, const char* key) {
   return out;
 }
 
-// The original checkpoint has no config: widths come from the tensors, the rest is Wan 2.1's.
-WanConfig config_from_tensors(const WeightSource& src) {
+void check_config(const WanConfig& cfg, const std::string& where) {
+  auto bad = [&](const std::string& what) { throw ModelError(where + ": invalid Wan config: " + what); };
+  if (cfg.base_dim <= 0 || cfg.z_dim <= 0 || cfg.num_res_blocks <= 0 || cfg.decoder_base_dim < 0)
+    bad("non-positive width or depth");
+  // Far above any published model, and low enough that no width product overflows.
+  if (cfg.base_dim > kMaxWidth || cfg.decoder_base_dim > kMaxWidth || cfg.z_dim > kMaxWidth ||
+      cfg.num_res_blocks > kMaxDepth)
+    bad("base_dim, decoder_base_dim, z_dim or num_res_blocks beyond " + std::to_string(kMaxWidth) + " / " +
+        std::to_string(kMaxDepth));
+  for (int64_t m : cfg.dim_mult)
+    if (m <= 0 || m > kMaxDepth) bad("dim_mult entries must be 1 to " + std::to_string(kMaxDepth));
+  if (cfg.dim_mult.size() < 2 || cfg.dim_mult.size() > 6) bad("dim_mult needs 2 to 6 levels");
+  if (cfg.temporal_downsample.size() != cfg.dim_mult.size() - 1)
+    bad("temperal_downsample needs one entry per level - 1");
+  if (cfg.patch < 1 || cfg.patch > 8) bad("patch_size must be 1 to 8");
+  const int64_t rgb = 3 * cfg.patch * cfg.patch;
+  if (cfg.in_channels != rgb || cfg.out_channels != rgb) {
+    bad("only RGB models are supported: in_channels and out_channels must be 3 x patch_size^2 = " +
+        std::to_string(rgb) + ", got " + std::to_string(cfg.in_channels) + " and " + std::to_string(cfg.out_channels));
+  }
+  if (cfg.residual) {
+    // The shortcuts regroup whole channel blocks; widths that do not divide cannot be built (diffusers refuses
+    // them too).
+    const size_t levels = cfg.dim_mult.size();
+    const int64_t dec = cfg.decoder_base_dim > 0 ? cfg.decoder_base_dim : cfg.base_dim;
+    for (size_t i = 0; i < levels; ++i) {
+      const bool last = i + 1 == levels, time = !last && cfg.temporal_downsample[i];
+      const int64_t factor = (time ? 2 : 1) * (last ? 1 : 4);
+      const int64_t cin = cfg.base_dim * (i == 0 ? 1 : cfg.dim_mult[i - 1]), cout = cfg.base_dim * cfg.dim_mult[i];
+      if (cin * factor % cout != 0) bad("encoder level " + std::to_string(i) + " widths do not divide");
+    }
+    for (size_t i = 0; i + 1 < levels; ++i) {  // decoder levels, from the latent side
+      const int64_t din = dec * cfg.dim_mult[i == 0 ? levels - 1 : levels - i],
+                    dout = dec * cfg.dim_mult[levels - 1 - i];
+      if (dout * (cfg.temporal_downsample[levels - 2 - i] ? 8 : 4) % din != 0)
+        bad("decoder level " + std::to_string(i) + " widths do not divide");
+    }
+  }
+  if (int64_t(cfg.latents_mean.size()) != cfg.z_dim || int64_t(cfg.latents_std.size()) != cfg.z_dim)
+    bad("latents_mean and latents_std need z_dim entries");
+  for (double s : cfg.latents_std)
+    if (!(s > 0)) bad("latents_std must be positive");
+}
+
+// The original checkpoints have no config: widths, depth, patch size and which levels downsample time come from
+// the tensors; the latent statistics are the published ones of the model whose width they have (identity else).
+WanConfig config_from_tensors(const WeightSource& src, bool residual) {
   WanConfig cfg;
+  cfg.residual = residual;
+  const std::string where = src.weights.string();
   auto get = [&](const std::string& k) -> const Tensor& {
     auto it = src.tensors.find(k);
-    if (it == src.tensors.end()) throw ModelError(src.weights.string() + ": Wan checkpoint lacks " + k);
+    if (it == src.tensors.end()) throw ModelError(where + ": Wan checkpoint lacks " + k);
     return it->second;
   };
-  cfg.base_dim = get("encoder.conv_in.weight").size(0);
+  auto has = [&](const std::string& k) { return src.tensors.count(k) > 0; };
+  const Tensor& conv_in = get("encoder.conv_in.weight");
+  if (conv_in.dim() != 5) throw ModelError(where + ": encoder.conv_in.weight is not a 3-D convolution");
+  cfg.base_dim = conv_in.size(0);
   cfg.z_dim = get("post_quant_conv.weight").size(0);
-  int64_t blocks = 0;
-  while (src.tensors.count("encoder.down_blocks." + std::to_string(blocks) + ".norm1.gamma")) ++blocks;
-  cfg.num_res_blocks = blocks > 0 ? blocks : cfg.num_res_blocks;
-  cfg.latents_mean = kWanMean;
-  cfg.latents_std = kWanStd;
-  if (cfg.z_dim != 16) {
-    cfg.latents_mean.assign(size_t(cfg.z_dim), 0.0);
-    cfg.latents_std.assign(size_t(cfg.z_dim), 1.0);
+  if (!residual) {
+    int64_t blocks = 0;
+    while (has("encoder.down_blocks." + std::to_string(blocks) + ".norm1.gamma")) ++blocks;
+    cfg.num_res_blocks = blocks > 0 ? blocks : cfg.num_res_blocks;
+    cfg.latents_mean = cfg.z_dim == 16 ? kWanMean : std::vector<double>(size_t(cfg.z_dim), 0.0);
+    cfg.latents_std = cfg.z_dim == 16 ? kWanStd : std::vector<double>(size_t(cfg.z_dim), 1.0);
+    return cfg;
   }
+  const std::string enc = "encoder.down_blocks.";
+  size_t levels = 0;
+  while (has(enc + std::to_string(levels) + ".resnets.0.conv1.weight")) ++levels;
+  if (levels < 2 || levels > 6)
+    throw ModelError(where + ": Wan 2.2 checkpoint with " + std::to_string(levels) +
+                     " encoder levels (2 to 6 supported)");
+  cfg.dim_mult.clear();
+  cfg.temporal_downsample.clear();
+  for (size_t i = 0; i < levels; ++i) {
+    const std::string p = enc + std::to_string(i);
+    cfg.dim_mult.push_back(std::max<int64_t>(1, get(p + ".resnets.0.conv1.weight").size(0) / cfg.base_dim));
+    if (i + 1 < levels) cfg.temporal_downsample.push_back(has(p + ".downsampler.time_conv.weight"));
+  }
+  int64_t blocks = 0;
+  while (has(enc + "0.resnets." + std::to_string(blocks) + ".norm1.gamma")) ++blocks;
+  cfg.num_res_blocks = std::max<int64_t>(blocks, 1);
+  cfg.in_channels = conv_in.size(1);
+  const Tensor& conv_out = get("decoder.conv_out.weight");
+  cfg.out_channels = conv_out.size(0);
+  cfg.decoder_base_dim = conv_out.dim() == 5 ? conv_out.size(1) / cfg.dim_mult[0] : 0;
+  while (3 * cfg.patch * cfg.patch < cfg.in_channels && cfg.patch < 8) ++cfg.patch;
+  cfg.latents_mean = cfg.z_dim == 48 ? kWan22Mean : std::vector<double>(size_t(cfg.z_dim), 0.0);
+  cfg.latents_std = cfg.z_dim == 48 ? kWan22Std : std::vector<double>(size_t(cfg.z_dim), 1.0);
+  check_config(cfg, where);
   return cfg;
 }
 
@@ -326,6 +516,7 @@ WanConfig config_from_json(const json::Value& j, const std::string& where) {
   WanConfig cfg;
   try {
     if (auto* v = j.find("base_dim")) cfg.base_dim = v->as_int64();
+    if (auto* v = j.find("decoder_base_dim"); v && !v->is_null()) cfg.decoder_base_dim = v->as_int64();
     if (auto* v = j.find("z_dim")) cfg.z_dim = v->as_int64();
     if (auto* v = j.find("dim_mult")) cfg.dim_mult = int_list(*v, "dim_mult");
     if (auto* v = j.find("num_res_blocks")) cfg.num_res_blocks = v->as_int64();
@@ -335,12 +526,11 @@ WanConfig config_from_json(const json::Value& j, const std::string& where) {
       cfg.temporal_downsample.clear();
       for (const auto& b : v->as_array()) cfg.temporal_downsample.push_back(b.as_bool());
     }
-    if (auto* v = j.find("attn_scales"); v && !v->as_array().empty())
+    if (auto* v = j.find("is_residual"); v && !v->is_null()) cfg.residual = v->as_bool();
+    if (auto* v = j.find("patch_size"); v && !v->is_null()) cfg.patch = v->as_int64();
+    // The residual levels have no place for attention (diffusers ignores attn_scales there).
+    if (auto* v = j.find("attn_scales"); v && !cfg.residual && !v->as_array().empty())
       throw ModelError(where + ": attention in the down/up path (attn_scales) is not supported");
-    if (auto* v = j.find("is_residual"); v && v->is_bool() && v->as_bool())
-      throw ModelError(where + ": the Wan 2.2 residual VAE (is_residual) is not supported yet");
-    if (auto* v = j.find("patch_size"); v && !v->is_null())
-      throw ModelError(where + ": patchified Wan VAEs (patch_size) are not supported yet");
     auto floats = [](const json::Value* v) {
       std::vector<double> out;
       if (v && !v->is_null())
@@ -352,37 +542,52 @@ WanConfig config_from_json(const json::Value& j, const std::string& where) {
   } catch (const json::Error& e) {
     throw ModelError(where + ": invalid Wan config: " + e.what());
   }
-  if (cfg.latents_mean.empty()) cfg.latents_mean.assign(size_t(cfg.z_dim), 0.0);
-  if (cfg.latents_std.empty()) cfg.latents_std.assign(size_t(cfg.z_dim), 1.0);
-  auto bad = [&](const std::string& what) { throw ModelError(where + ": invalid Wan config: " + what); };
-  if (cfg.base_dim <= 0 || cfg.z_dim <= 0 || cfg.num_res_blocks <= 0) bad("non-positive width or depth");
-  // Far above any published model, and low enough that no width product overflows.
-  if (cfg.base_dim > kMaxWidth || cfg.z_dim > kMaxWidth || cfg.num_res_blocks > kMaxDepth)
-    bad("base_dim, z_dim or num_res_blocks beyond " + std::to_string(kMaxWidth) + " / " + std::to_string(kMaxDepth));
-  for (int64_t m : cfg.dim_mult)
-    if (m <= 0 || m > kMaxDepth) bad("dim_mult entries must be 1 to " + std::to_string(kMaxDepth));
-  if (cfg.dim_mult.size() < 2 || cfg.dim_mult.size() > 6) bad("dim_mult needs 2 to 6 levels");
-  if (cfg.temporal_downsample.size() != cfg.dim_mult.size() - 1)
-    bad("temperal_downsample needs one entry per level - 1");
-  if (cfg.in_channels != 3 || cfg.out_channels != 3) bad("only 3-channel (RGB) models are supported");
-  if (int64_t(cfg.latents_mean.size()) != cfg.z_dim || int64_t(cfg.latents_std.size()) != cfg.z_dim)
-    bad("latents_mean and latents_std need z_dim entries");
-  for (double s : cfg.latents_std)
-    if (!(s > 0)) bad("latents_std must be positive");
+  if (cfg.latents_mean.empty()) cfg.latents_mean.assign(size_t(std::max<int64_t>(cfg.z_dim, 0)), 0.0);
+  if (cfg.latents_std.empty()) cfg.latents_std.assign(size_t(std::max<int64_t>(cfg.z_dim, 0)), 1.0);
+  check_config(cfg, where);
   return cfg;
+}
+
+std::shared_ptr<Vae> make(const WeightSource& src, const LoadOptions& opt, bool residual) {
+  const std::string where = src.weights.string();
+  WanConfig cfg =
+      src.config ? config_from_json(json::parse(src.config->text), where) : config_from_tensors(src, residual);
+  if (cfg.residual != residual) {
+    throw ModelError(where +
+                     (cfg.residual ? ": the config is a Wan 2.2 one (is_residual true)"
+                                   : ": the config is a Wan 2.1 one (is_residual false)") +
+                     ", but the file names the family " + (residual ? "wan2.2" : "wan2.1"));
+  }
+  return std::make_shared<WanVae>(cfg, src, opt);
 }
 
 }  // namespace
 
-std::shared_ptr<Vae> make_wan(const WeightSource& src, const LoadOptions& opt) {
-  WanConfig cfg =
-      src.config ? config_from_json(json::parse(src.config->text), src.weights.string()) : config_from_tensors(src);
-  return std::make_shared<WanVae>(cfg, src, opt);
+std::shared_ptr<Vae> make_wan(const WeightSource& src, const LoadOptions& opt) { return make(src, opt, false); }
+std::shared_ptr<Vae> make_wan22(const WeightSource& src, const LoadOptions& opt) { return make(src, opt, true); }
+
+bool wan_config_is_residual(const ModelConfig& config) {
+  try {
+    const json::Value j = json::parse(config.text);
+    const json::Value* v = j.find("is_residual");
+    return v && v->is_bool() && v->as_bool();
+  } catch (const std::exception&) {
+    return false;  // the Wan 2.1 row then reports the broken config
+  }
 }
+
+bool wan21_takes_config(const ModelConfig& config) { return !wan_config_is_residual(config); }
+bool wan22_takes_config(const ModelConfig& config) { return wan_config_is_residual(config); }
 
 bool recognise_wan(WeightSource& src) {
   if (rename_original_wan_keys(src)) return true;
   return src.tensors.count("encoder.conv_in.weight") && src.tensors.count("encoder.down_blocks.0.norm1.gamma");
+}
+
+bool recognise_wan22(WeightSource& src) {
+  if (rename_original_wan22_keys(src)) return true;
+  return src.tensors.count("encoder.conv_in.weight") &&
+         src.tensors.count("encoder.down_blocks.0.resnets.0.norm1.gamma");
 }
 
 // The reference encodes frame 0 alone, then temporal_factor frames per call, and decodes one latent per call;

@@ -1,5 +1,7 @@
-// The original Wan 2.1 checkpoint (Wan2.1_VAE.pth, also what ComfyUI ships) names its modules differently from
-// diffusers; the Wan family reads diffusers' names, so the original ones are mapped onto them.
+// The original Wan 2.1 and 2.2 checkpoints (Wan2.1_VAE.pth, also what ComfyUI ships, and Wan2.2_VAE.pth) name
+// their modules differently from diffusers; the Wan families read diffusers' names, so the original ones are mapped
+// onto them. Wan 2.2's names follow the module tree of the original vae2_2.py (each level a Sequential of its
+// residual blocks and then its resampler) and agree with diffusers' convert_wan_to_diffusers.py.
 #include "vae/families.h"
 
 namespace latent {
@@ -28,7 +30,25 @@ std::string residual_suffix(const std::string& rest) {
   return rest;
 }
 
-std::string rename_original(const std::string& key, int64_t res_blocks) {
+// Wan 2.2: "{i}.downsamples.{j}.<tail>" (or upsamples) inside level i: a resampler's tail starts with resample or
+// time_conv, a residual block's with residual or shortcut.
+std::string rename_nested(const std::string& side, const std::string& list, const std::string& rest) {
+  const size_t dot = rest.find('.');
+  const std::string level = rest.substr(0, dot), inner = rest.substr(dot + 1);
+  std::string tail = inner;
+  if (!swap_prefix(tail, list, "")) return side + list + rest;
+  const size_t dot2 = tail.find('.');
+  const std::string j = tail.substr(0, dot2);
+  tail = tail.substr(dot2 + 1);
+  const bool down = list == "downsamples.";
+  const std::string p = side + (down ? "down_blocks." : "up_blocks.") + level + ".";
+  if (starts_with(tail, "resample.") || starts_with(tail, "time_conv."))
+    return p + (down ? "downsampler." : "upsampler.") + tail;
+  return p + "resnets." + j + "." + residual_suffix(tail);
+}
+
+// `nested`: the Wan 2.2 layout.
+std::string rename_original(const std::string& key, int64_t res_blocks, bool nested) {
   std::string k = key;
   if (swap_prefix(k, "conv1.", "quant_conv.") || swap_prefix(k, "conv2.", "post_quant_conv.")) return k;
   for (const char* side : {"encoder.", "decoder."}) {
@@ -43,6 +63,7 @@ std::string rename_original(const std::string& key, int64_t res_blocks) {
     if (swap_prefix(rest, "middle.1.", "mid_block.attentions.0.")) return s + rest;
     for (const char* list : {"downsamples.", "upsamples."}) {
       if (!swap_prefix(rest, list, "")) continue;
+      if (nested) return rename_nested(s, list, rest);
       size_t dot = rest.find('.');
       int64_t n = std::stoll(rest.substr(0, dot));
       std::string tail = rest.substr(dot + 1);
@@ -66,7 +87,17 @@ bool rename_original_wan_keys(WeightSource& src) {
   int64_t res_blocks = 0;
   while (src.tensors.count("encoder.downsamples." + std::to_string(res_blocks) + ".residual.0.gamma")) ++res_blocks;
   std::map<std::string, torch::Tensor> renamed;
-  for (auto& [k, t] : src.tensors) renamed.emplace(rename_original(k, res_blocks), t);
+  for (auto& [k, t] : src.tensors) renamed.emplace(rename_original(k, res_blocks, false), t);
+  src.tensors = std::move(renamed);
+  return true;
+}
+
+bool rename_original_wan22_keys(WeightSource& src) {
+  if (!src.tensors.count("encoder.conv1.weight") ||
+      !src.tensors.count("encoder.downsamples.0.downsamples.0.residual.0.gamma"))
+    return false;
+  std::map<std::string, torch::Tensor> renamed;
+  for (auto& [k, t] : src.tensors) renamed.emplace(rename_original(k, 0, true), t);
   src.tensors = std::move(renamed);
   return true;
 }

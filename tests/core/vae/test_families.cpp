@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -31,21 +32,26 @@ std::string refusal(WeightSource src) {
 }  // namespace
 
 TEST(Families, RowsAreCompleteAndDistinct) {
-  std::set<std::string> names, classes;
+  std::set<std::string> names;
+  std::map<std::string, int> rows_of_class;
   for (const Family& f : families()) {
     EXPECT_TRUE(names.insert(f.name).second) << f.name;
-    EXPECT_TRUE(classes.insert(f.config_class).second) << f.config_class;
+    ++rows_of_class[f.config_class];
     EXPECT_NE(f.recognise, nullptr);
     EXPECT_NE(f.make, nullptr);
     EXPECT_NE(f.chunks, nullptr);
   }
-  EXPECT_EQ(names, (std::set<std::string>{"wan2.1", "cogvideox"}));
+  // A class shared by several rows needs every one of them to say which configs are its own.
+  for (const Family& f : families())
+    if (rows_of_class[f.config_class] > 1) EXPECT_NE(f.takes_config, nullptr) << f.name;
+  EXPECT_EQ(names, (std::set<std::string>{"wan2.1", "wan2.2", "cogvideox"}));
 }
 
 TEST(Families, ConfigClassDecides) {
   for (const Family& f : families()) {
     WeightSource src = with_tensors({"encoder.conv_in.conv.weight"});  // CogVideoX names: the class wins
-    src.config = ModelConfig{f.config_class, "{}"};
+    // Wan 2.1 and 2.2 share AutoencoderKLWan; is_residual tells them apart.
+    src.config = ModelConfig{f.config_class, std::string(f.name) == "wan2.2" ? R"({"is_residual": true})" : "{}"};
     EXPECT_STREQ(detect_family(src).name, f.name);
   }
   WeightSource src;
@@ -65,7 +71,7 @@ TEST(Families, MetadataFamilyDecidesWithoutAConfig) {
   }
   WeightSource src;
   src.metadata["family"] = "ltx";
-  EXPECT_NE(refusal(src).find("unknown model family 'ltx' in __metadata__ (supported: wan2.1, cogvideox)"),
+  EXPECT_NE(refusal(src).find("unknown model family 'ltx' in __metadata__ (supported: wan2.1, wan2.2, cogvideox)"),
             std::string::npos);
 }
 
@@ -81,6 +87,19 @@ TEST(Families, TensorNamesDecideLast) {
   EXPECT_TRUE(original.tensors.count("encoder.conv_in.weight"));
   EXPECT_TRUE(original.tensors.count("encoder.down_blocks.0.norm1.gamma"));
   EXPECT_TRUE(original.tensors.count("post_quant_conv.bias"));
+  WeightSource wan22 = with_tensors({"encoder.conv_in.weight", "encoder.down_blocks.0.resnets.0.norm1.gamma"});
+  EXPECT_STREQ(detect_family(wan22).name, "wan2.2");
+  // The original Wan 2.2 checkpoint nests each level's blocks; its resamplers become downsampler/upsampler.
+  WeightSource original22 = with_tensors(
+      {"encoder.conv1.weight", "encoder.downsamples.0.downsamples.0.residual.0.gamma",
+       "encoder.downsamples.0.downsamples.2.resample.1.weight", "decoder.upsamples.1.upsamples.0.shortcut.weight",
+       "decoder.upsamples.0.upsamples.3.time_conv.bias", "decoder.head.2.bias"});
+  EXPECT_STREQ(detect_family(original22).name, "wan2.2");
+  for (const char* name :
+       {"encoder.conv_in.weight", "encoder.down_blocks.0.resnets.0.norm1.gamma",
+        "encoder.down_blocks.0.downsampler.resample.1.weight", "decoder.up_blocks.1.resnets.0.conv_shortcut.weight",
+        "decoder.up_blocks.0.upsampler.time_conv.bias", "decoder.conv_out.bias"})
+    EXPECT_TRUE(original22.tensors.count(name)) << name;
   const std::string msg = refusal(with_tensors({"unet.conv_in.weight"}));
   EXPECT_NE(msg.find("/models/test.safetensors: cannot recognise the model family"), std::string::npos) << msg;
   EXPECT_NE(msg.find("unet.conv_in.weight"), std::string::npos) << msg;

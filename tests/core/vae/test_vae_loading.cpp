@@ -121,6 +121,9 @@ TEST_F(VaeLoading, RefusesCorruptConfig) {
   expect_has(error_of(p), "invalid Wan config");
   std::ofstream(p / "config.json") << R"({"_class_name": "AutoencoderKLWan", )";
   expect_has(error_of(p), "config.json: invalid config");
-  std::ofstream(p / "config.json") << R"({"_class_name": "AutoencoderKLWan", "is_residual": true})";
-  expect_has(error_of(p), "not supported yet");
+  // Wan 2.2's patchify needs 12 channels in.
+  std::ofstream(p / "config.json") << R"({"_class_name": "AutoencoderKLWan", "is_residual": true, "patch_size": 2})";
+  expect_has(error_of(p),
+             "invalid Wan config: only RGB models are supported: in_channels and out_channels must be "
+             "3 x patch_size^2 = 12, got 3 and 3");
 }
