@@ -100,23 +100,41 @@ fs::path scratch(const std::string& tag) {
 
 }  // namespace
 
-// The tolerance: the transformer and the text encoder each match transformers / diffusers to ~1e-6 relative in
-// float32 (their own tests); three UniPC steps with guidance 5 scale a difference of the model output by up to
-// 1 + 2 * 5 per step, so 1e-4 leaves a margin while a wrong token, a missing clean-up or the wrong negative prompt
+// Every case of a family's fixture through videogen from its prompt, against the pipeline's latents. The
+// tolerance: the transformers and the text encoders each match diffusers / transformers to ~1e-6 relative in
+// float32 (their own tests); three steps with guidance 5 or 6 scale a difference of the model output by up to
+// 1 + 2 * 6 per step, so 1e-4 leaves a margin while a wrong token, a missing clean-up or the wrong negative prompt
 // moves the result by over 1e-2 (the fixture checks that its cases differ by that much).
-GST_START_TEST(test_wan_prompt_matches_diffusers) {
-  const latent::SafetensorsFile ref = latent::SafetensorsFile::open(fixtures() / "wan-cases.safetensors");
+void check_family(const std::string& family, const std::string& size, int64_t frames, int64_t h, int64_t w,
+                  bool frames_first) {
+  const latent::SafetensorsFile ref = latent::SafetensorsFile::open(fixtures() / (family + "-cases.safetensors"));
+  const std::string noise = (fixtures() / (family + "-noise.safetensors")).string();
   for (const Case& c : cases_of(ref)) {
     Out out;
-    latent_test::run(wan_gen("steps=3 guidance-scale=" + std::to_string(c.guidance) + " initial-noise=" + wan_noise()) +
-                         "appsink name=out",
+    latent_test::run("videogen name=gen model=" + (fixtures() / family).string() + " " + size +
+                         " schedule=clip steps=3 guidance-scale=" + std::to_string(c.guidance) +
+                         " initial-noise=" + noise + " ! appsink name=out",
                      out, 120 * GST_SECOND, set_strings({{"prompt", c.prompt}, {"negative-prompt", c.negative}}));
-    fail_unless(out.error.empty(), "%s: %s", c.name.c_str(), out.error.c_str());
-    fail_unless_equals_int(out.buffers.size(), 5);
-    const torch::Tensor want = ref.tensor(c.name + ".latents");
-    const double rel = relative_error(stacked(out, 16, 8, 12), want);
-    fail_unless(rel <= 1e-4, "%s: relative error %g against diffusers' WanPipeline", c.name.c_str(), rel);
+    fail_unless(out.error.empty(), "%s %s: %s", family.c_str(), c.name.c_str(), out.error.c_str());
+    fail_unless_equals_int(out.buffers.size(), frames);
+    torch::Tensor want = ref.tensor(c.name + ".latents");
+    if (frames_first) want = want.permute({0, 2, 1, 3, 4});
+    const double rel = relative_error(stacked(out, 16, h, w), want);
+    g_print("%s %s (guidance %g): %.2e relative to diffusers\n", family.c_str(), c.name.c_str(), c.guidance, rel);
+    fail_unless(rel <= 1e-4, "%s %s: relative error %g against diffusers' pipeline", family.c_str(), c.name.c_str(),
+                rel);
   }
+}
+
+GST_START_TEST(test_wan_prompt_matches_diffusers) {
+  check_family("wan", "width=96 height=64 num-frames=17", 5, 8, 12, false);
+}
+GST_END_TEST;
+
+// CogVideoX: T5 over the whole padded prompt, one timestep per clip, DDIM with v-prediction, latents= in
+// [1, T, C, h, w].
+GST_START_TEST(test_cogvideox_prompt_matches_diffusers) {
+  check_family("cogvideox", "width=64 height=48 num-frames=9", 3, 6, 8, true);
 }
 GST_END_TEST;
 
@@ -153,6 +171,13 @@ GST_START_TEST(test_folder_vae_decodes_the_latents) {
       wan_gen("steps=1 guidance-scale=1 prompt=fox") + "vaedecode model=" + wan() + "/vae ! appsink name=out", out);
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   fail_unless_equals_int(out.buffers.size(), 17);
+  const std::string cog = (fixtures() / "cogvideox").string();
+  Out c;
+  latent_test::run("videogen model=" + cog + " prompt=fox steps=1 num-frames=9 schedule=clip ! vaedecode model=" + cog +
+                       "/vae ! appsink name=out",
+                   c);
+  fail_unless(c.error.empty(), "%s", c.error.c_str());
+  fail_unless_equals_int(c.buffers.size(), 9);
 }
 GST_END_TEST;
 
@@ -238,6 +263,10 @@ GST_START_TEST(test_bad_text_input_is_named) {
        "initial-noise needs schedule=clip"},
       {"videogen model=" + wan() + " num-frames=1 ! ", "this model needs text: set prompt"},
       {"videogen model=" + wan() + " prompt=fox text-device=cuda:7 num-frames=1 ! ", "cuda"},
+      {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=fifo ! ", "fifo"},
+      {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=clip " +
+           "initial-noise=" + wan_noise() + " ! ",
+       "([1, T, C, h, w]"},
   };
   for (const auto& b : bad) {
     Out out;
@@ -259,6 +288,7 @@ static Suite* text_to_video_suite() {
     return s;
   }
   tcase_add_test(tc, test_wan_prompt_matches_diffusers);
+  tcase_add_test(tc, test_cogvideox_prompt_matches_diffusers);
   tcase_add_test(tc, test_latent_prompt_file_equals_the_prompt_property);
   tcase_add_test(tc, test_folder_vae_decodes_the_latents);
   tcase_add_test(tc, test_prompt_changed_in_ready_is_encoded_again);
