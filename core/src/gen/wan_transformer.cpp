@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -267,7 +270,7 @@ class WanTransformer : public Denoiser {
     const Tensor sinusoid = torch::cat({torch::cos(args), torch::sin(args)}, 1);
     const Tensor temb = time_2_(torch::silu(time_1_(sinusoid))).to(dt);                    // [T, D]
     const Tensor tproj = time_proj_(torch::silu(temb)).view({t, 6, d}).to(torch::kFloat);  // [T, 6, D]
-    const Tensor ctx = text_2_(torch::gelu(text_1_(text), "tanh"));                        // [1, L, D]
+    const std::shared_ptr<const TextKeys> keys = text_keys(text);
 
     const auto ln = [&](const Tensor& v, const Tensor& w, const Tensor& b) {
       return torch::layer_norm(v.to(torch::kFloat), {d}, w, b, cfg_.eps);
@@ -277,11 +280,12 @@ class WanTransformer : public Denoiser {
       const auto m = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [T, 1, D], broadcast over a frame's tokens
       Tensor hf = h.view({t, tokens, d}).to(torch::kFloat);
       Tensor n = (ln(hf, {}, {}) * (1 + m(1)) + m(0)).to(dt).view({1, seq, d});
-      Tensor a = attention(b.self_attn, n, n, &cos, &sin);
+      Tensor a = self_attention(b.self_attn, n, cos, sin);
       h = (hf + a.view({t, tokens, d}) * m(2)).to(dt).view({1, seq, d});
 
       n = cfg_.cross_attn_norm ? ln(h, b.norm2_w, b.norm2_b).to(dt) : h;
-      h = h + attention(b.cross_attn, n, ctx, nullptr, nullptr);
+      const size_t i = size_t(&b - blocks_.data());
+      h = h + attention(b.cross_attn, n, keys->k[i], keys->v[i], nullptr, nullptr);
 
       hf = h.view({t, tokens, d}).to(torch::kFloat);
       n = (ln(hf, {}, {}) * (1 + m(4)) + m(3)).to(dt).view({1, seq, d});
@@ -311,12 +315,50 @@ class WanTransformer : public Denoiser {
     return {grid(rope_cos_), grid(rope_sin_)};
   }
 
-  // x [1, S, D] queries from, ctx [1, L, D] keys and values from; RoPE on both sides where cos is given.
-  Tensor attention(const Attention& a, const Tensor& x, const Tensor& ctx, const Tensor* cos, const Tensor* sin) const {
+  // Every block's cross-attention keys and values of one prompt, [1, L, heads, head_dim] each. They depend on the
+  // text alone, so a clip's steps and its two guidance branches would otherwise recompute the text embedder and
+  // two linear maps of all 512 tokens per block on every call.
+  struct TextKeys {
+    Tensor text;  // the embeddings they were made from, kept so a lookup can compare values
+    std::vector<Tensor> k, v;
+  };
+
+  std::shared_ptr<const TextKeys> text_keys(const Tensor& text) const {
+    // Equal values, not the same tensor: a caller may change its embeddings in place between calls, and a compare
+    // of L x text_dim values costs a millisecond against a call's hundreds.
+    const auto same = [&](const TextKeys& e) {
+      return e.text.sizes() == text.sizes() && e.text.scalar_type() == text.scalar_type() &&
+             e.text.device() == text.device() && torch::equal(e.text, text);
+    };
+    {
+      std::lock_guard<std::mutex> lock(text_keys_mutex_);
+      for (auto it = text_keys_.begin(); it != text_keys_.end(); ++it)
+        if (same(**it)) {
+          auto hit = *it;
+          text_keys_.erase(it);
+          text_keys_.push_front(hit);
+          return hit;
+        }
+    }
+    auto e = std::make_shared<TextKeys>();
+    e->text = text.clone();
+    const Tensor ctx = text_2_(torch::gelu(text_1_(text), "tanh"));  // [1, L, D]
+    for (const Block& b : blocks_) {
+      const Attention& a = b.cross_attn;
+      e->k.push_back(torch::rms_norm(a.k(ctx), {cfg_.dim()}, a.norm_k, cfg_.eps).unflatten(2, {cfg_.heads, -1}));
+      e->v.push_back(a.v(ctx).unflatten(2, {cfg_.heads, -1}));
+    }
+    std::lock_guard<std::mutex> lock(text_keys_mutex_);
+    text_keys_.push_front(e);
+    if (text_keys_.size() > kCachedPrompts) text_keys_.pop_back();
+    return e;
+  }
+
+  // x [1, S, D] queries from; k, v [1, L, heads, head_dim]; RoPE on queries and keys where cos is given.
+  Tensor attention(const Attention& a, const Tensor& x, Tensor k, const Tensor& v, const Tensor* cos,
+                   const Tensor* sin) const {
     const int64_t heads = cfg_.heads, d = cfg_.dim();
     Tensor q = torch::rms_norm(a.q(x), {d}, a.norm_q, cfg_.eps).unflatten(2, {heads, -1});
-    Tensor k = torch::rms_norm(a.k(ctx), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1});
-    Tensor v = a.v(ctx).unflatten(2, {heads, -1});
     if (cos) {
       const auto rotate = [&](const Tensor& y) {
         const Tensor pairs = y.unflatten(-1, {-1, 2});
@@ -329,6 +371,11 @@ class WanTransformer : public Denoiser {
     Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
     return a.out(o.transpose(1, 2).flatten(2).to(x.scalar_type()));
   }
+  Tensor self_attention(const Attention& a, const Tensor& x, const Tensor& cos, const Tensor& sin) const {
+    const int64_t heads = cfg_.heads, d = cfg_.dim();
+    Tensor k = torch::rms_norm(a.k(x), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1});
+    return attention(a, x, k, a.v(x).unflatten(2, {heads, -1}), &cos, &sin);
+  }
 
   WanConfig cfg_;
   Tensor patch_w_, patch_b_;
@@ -337,6 +384,11 @@ class WanTransformer : public Denoiser {
   Tensor scale_shift_out_;
   std::vector<Tensor> rope_cos_, rope_sin_;  // frame, row, column: [rope_max_seq_len, part / 2] float32
   Tensor freqs_;
+  // Two prompts: one guided stream's prompt and negative prompt. More would hold layers x 2 x L x dim values each
+  // (a Wan 14B prompt: 420 MB in bf16) for streams that seldom share a model.
+  static constexpr size_t kCachedPrompts = 2;
+  mutable std::mutex text_keys_mutex_;
+  mutable std::deque<std::shared_ptr<const TextKeys>> text_keys_;  // most recently used first
 };
 
 }  // namespace
