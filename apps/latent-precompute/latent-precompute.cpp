@@ -51,7 +51,8 @@ constexpr int kExitFatal = 3;
                "  --device D          auto, cpu, cuda, cuda:N (default: auto, the first GPU if any)\n"
                "  --devices D1,D2     one stream per device, in threads of this process\n"
                "  --dtype T           auto, float32, float16, bfloat16 (default: auto)\n"
-               "  --width W --height H  resize and centre-crop every clip to WxH (multiples of 8)\n"
+               "  --width W --height H  resize and centre-crop every clip to WxH (multiples of the model's\n"
+               "                      spatial factor: 8, or 16 for wan2.2)\n"
                "  --fps F             resample to F frames/s (a row's fps column wins)\n"
                "  --max-frames N      encode at most N frames of each clip\n"
                "  --rank R --world-size N  take every N-th row from row R (default: $RANK, $WORLD_SIZE)\n"
@@ -382,6 +383,15 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "latent-precompute: cannot load the model: %s\n", e.what());
     return kExitFatal;
+  }
+  // Said once up front rather than as a failure of every clip: the model decides the size rule (16 for wan2.2).
+  if (o.encode.width > 0) {
+    try {
+      keep[0]->check_frame_size(o.encode.width, o.encode.height);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "latent-precompute: --width/--height: %s\n", e.what());
+      return kExitUsage;
+    }
   }
   std::unique_ptr<Feed> feed;
   std::unique_ptr<JsonLines> index, errors;
