@@ -8,6 +8,7 @@
 
 #include "io/json.h"
 #include "latent/io/safetensors.h"
+#include "latent/vae/sharded_streaming.h"
 #include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"
 #include "vae/families.h"
@@ -250,6 +251,30 @@ TEST(Wan22Vae, DamagedWeightsAreAModelError) {
   const std::string mixed = error_of(dir / "mixed");
   EXPECT_NE(mixed.find("weights do not match the model"), std::string::npos) << mixed;
   fs::remove_all(dir);
+}
+
+// Bands of latent rows stay whole 2x2 blocks at every level, so the patchify and the shortcuts need no halo; the
+// convolutions and the attention exchange rows as for Wan 2.1.
+TEST(Wan22Vae, PatchParallelEqualsOneDevice) {
+  LATENT_REQUIRE_FIXTURES();
+  auto frames = torch::rand({9, 3, 48, 32}) * 2 - 1;  // 3 latent rows
+  auto want = encode_mixed(wan22(), frames, kPushes);
+  auto want_x = decode_mixed(wan22(), want.latents, {2, 1});
+  for (int ranks : {2, 3}) {
+    std::vector<std::shared_ptr<const Vae>> models(size_t(ranks), wan22());
+    ShardedEncoder enc(models);
+    std::vector<torch::Tensor> parts;
+    for (int64_t i = 0; i < frames.size(0); i += 4)
+      if (auto e = enc.push(frames.slice(0, i, i + 4)); e.latents.defined()) parts.push_back(e.latents);
+    if (auto e = enc.finish(); e.latents.defined()) parts.push_back(e.latents);
+    EXPECT_LE(rel_err(torch::cat(parts, 0), want.latents), 1e-5) << ranks << " ranks";
+    ShardedDecoder dec(models);
+    std::vector<torch::Tensor> out;
+    for (int64_t i = 0; i < want.latents.size(0); ++i)
+      if (auto f = dec.push(want.latents.slice(0, i, i + 1)); f.defined()) out.push_back(f);
+    if (auto f = dec.finish(); f.defined()) out.push_back(f);
+    EXPECT_LE(rel_err(torch::cat(out, 0), want_x), 1e-5) << ranks << " ranks";
+  }
 }
 
 TEST(Wan22Vae, ConfigSelectsTheFamily) {
