@@ -731,8 +731,9 @@ void finalize(GObject* object) {
 void install_properties(GObjectClass* gobject) {
   latent::gst::install_model_properties(
       gobject,
-      std::string("The video diffusion model (denoiser): a diffusers Wan 2.1 pipeline or transformer folder (run "
-                  "natively, any size and frame count), a .pt2 package exported by "
+      std::string("The video diffusion model (denoiser): a diffusers Wan 2.1 or CogVideoX pipeline folder (text "
+                  "encoder and transformer run natively, any size and frame count; its transformer/ folder alone "
+                  "with prompt-embeds), a .pt2 package exported by "
                   "tools/export_denoiser.py, or latent-gen-small weights. A .pt2 package holds compiled "
                   "native code that runs in this process: load only packages you trust, as you would a "
                   "shared library. Unset: the embedded default generator, ") +
