@@ -40,6 +40,7 @@ class FailingHalo : public parallel::Communicator {
   const char* backend_name() const override { return inner_->backend_name(); }
   void all_reduce_sum(torch::Tensor& t) override { inner_->all_reduce_sum(t); }
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override { return inner_->all_gather(t); }
+  torch::Tensor all_to_all(const torch::Tensor& input) override { return inner_->all_to_all(input); }
   void exchange(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, torch::Tensor& d) override {
     if (rank() == 1 && ++calls_ == fail_at_) throw std::runtime_error("rank 1 ran out of memory (injected)");
     inner_->exchange(a, b, c, d);

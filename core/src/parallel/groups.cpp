@@ -105,6 +105,9 @@ class LocalMember : public Communicator {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
     return guarded([&] { return backend_->all_gather(t); });
   }
+  torch::Tensor all_to_all(const torch::Tensor& input) override {
+    return guarded([&] { return backend_->all_to_all(input); });
+  }
   void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
                 torch::Tensor& from_next) override {
     guarded([&] { backend_->exchange(to_prev, to_next, from_prev, from_next); });

@@ -93,6 +93,17 @@ class NcclCommunicator : public Communicator {
     return out[0];
   }
 
+  torch::Tensor all_to_all(const torch::Tensor& input) override {
+    check_peers();
+    if (input.dim() < 1 || input.size(0) % size_ != 0)
+      throw std::invalid_argument("all_to_all: dim 0 of " + std::to_string(input.dim() ? input.size(0) : 0) +
+                                  " rows is not a multiple of the group's " + std::to_string(size_) + " ranks");
+    torch::Tensor in = on_device(input), out = torch::empty_like(in);
+    std::vector<int64_t> equal_out, equal_in;  // empty: equal splits
+    finish(pg_->alltoall_base(out, in, equal_out, equal_in), "all_to_all");
+    return input.device() == device_ ? out : out.to(input.device());
+  }
+
   void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
                 torch::Tensor& from_next) override {
     check_peers();

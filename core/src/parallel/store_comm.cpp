@@ -125,6 +125,30 @@ std::vector<torch::Tensor> StoreCommunicator::all_gather(const torch::Tensor& t)
   return out;
 }
 
+torch::Tensor StoreCommunicator::all_to_all(const torch::Tensor& input) {
+  if (input.dim() < 1 || input.size(0) % size_ != 0)
+    throw std::invalid_argument("all_to_all: dim 0 of " + std::to_string(input.dim() ? input.size(0) : 0) +
+                                " rows is not a multiple of the group's " + std::to_string(size_) + " ranks");
+  // Point to point, as exchange(): part j of rank i under its own key, deleted by its one reader.
+  const uint64_t seq = seq_++;
+  auto link = [&](int from, int to) { return key(seq, std::to_string(from) + ">" + std::to_string(to)); };
+  const std::vector<torch::Tensor> parts = input.chunk(size_, 0);
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) put(link(rank_, r), parts[size_t(r)]);
+  torch::Tensor out = torch::empty_like(input, torch::MemoryFormat::Contiguous);
+  const std::vector<torch::Tensor> into = out.chunk(size_, 0);
+  for (int r = 0; r < size_; ++r) {
+    torch::Tensor part = into[size_t(r)];
+    if (r == rank_) {
+      part.copy_(parts[size_t(r)]);
+      continue;
+    }
+    take(link(r, rank_), part, r, "all_to_all");
+    store_->deleteKey(link(r, rank_));
+  }
+  return out;
+}
+
 void StoreCommunicator::exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
                                  torch::Tensor& from_next) {
   // Point to point: the one reader of each key deletes it.

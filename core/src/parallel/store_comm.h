@@ -18,6 +18,7 @@ class StoreCommunicator : public Communicator {
   const char* backend_name() const override { return "store"; }
   void all_reduce_sum(torch::Tensor& t) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override;
+  torch::Tensor all_to_all(const torch::Tensor& input) override;
   void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
                 torch::Tensor& from_next) override;
   void abort(const std::string& why) noexcept override;

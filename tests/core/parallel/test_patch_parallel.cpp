@@ -314,6 +314,18 @@ class KernelLikeComm : public parallel::Communicator {
     return out;
   }
 
+  torch::Tensor all_to_all(const torch::Tensor& input) override {
+    const uint64_t seq = seq_++;
+    auto link = [&](int from, int to) {
+      return std::to_string(seq) + "/" + std::to_string(from) + ">" + std::to_string(to);
+    };
+    const std::vector<torch::Tensor> parts = input.chunk(size_, 0);
+    for (int r = 0; r < size_; ++r) post(link(rank_, r), parts[size_t(r)]);
+    std::vector<torch::Tensor> got;
+    for (int r = 0; r < size_; ++r) got.push_back(await(link(r, rank_)));
+    return torch::cat(got, 0);
+  }
+
   void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
                 torch::Tensor& from_next) override {
     const uint64_t seq = seq_++;
@@ -382,6 +394,10 @@ class FaultyComm : public parallel::Communicator {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
     maybe_fail("all_gather");
     return inner_->all_gather(t);
+  }
+  torch::Tensor all_to_all(const torch::Tensor& input) override {
+    maybe_fail("all_to_all");
+    return inner_->all_to_all(input);
   }
   void exchange(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, torch::Tensor& d) override {
     maybe_fail("exchange");
@@ -555,6 +571,105 @@ TEST(RankFailure, ADecoderThatLosesARankMidModelRecoversAfterReset) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
     dec.reset();
     EXPECT_LE(rel_err(decode_pieces(dec, latents), want), kTol);
+  }
+}
+
+// Ranks as threads on `wire`, each with its collectives communicator, for tests of one collective.
+struct CollectiveRanks {
+  CollectiveRanks(int n, Wire wire, Fault fault = {}, parallel::GroupOptions options = {.timeout = 30s})
+      : hook(wire, std::move(fault)),
+        group(std::vector<torch::Device>(size_t(n), torch::kCPU), options),
+        threads(n),
+        comms(size_t(n)) {
+    threads.run([&](int r) { comms[size_t(r)] = group.join(r).collectives; }, [](int, std::exception_ptr) {});
+  }
+  // Runs job(rank, its communicator); a rank that throws aborts the group with its cause, as the elements do.
+  void run(const std::function<void(int, parallel::Communicator&)>& job) {
+    threads.run([&](int r) { job(r, *comms[size_t(r)]); },
+                [&](int r, std::exception_ptr e) {
+                  std::string what = "unknown error";
+                  try {
+                    std::rethrow_exception(e);
+                  } catch (const std::exception& x) {
+                    what = x.what();
+                  } catch (...) {
+                  }
+                  comms[size_t(r)]->abort("rank " + std::to_string(r) + " (cpu) failed: " + what);
+                });
+  }
+  GroupHook hook;
+  parallel::ThreadGroup group;
+  parallel::RankThreads threads;
+  std::vector<std::shared_ptr<parallel::Communicator>> comms;
+};
+
+// Part j of rank i holds 100 i + 10 j + (0 .. 5) in 2 x 3 rows: after the all-to-all, rank j's part i must be
+// rank i's part j, for every pair, on both wires, twice in a row (the second call must not read the first's keys).
+TEST(AllToAll, EveryRankGetsItsPartOfEveryRankInRankOrder) {
+  for (Wire wire : {Wire::store, Wire::kernel_like}) {
+    for (int n : {2, 3, 4}) {
+      SCOPED_TRACE(std::string(wire == Wire::store ? "store" : "kernel-like") + ", " + std::to_string(n) + " ranks");
+      CollectiveRanks ranks(n, wire);
+      const torch::Tensor cell = torch::arange(6, torch::kDouble).view({1, 2, 3});
+      const torch::Tensor index = torch::arange(n, torch::kDouble).view({n, 1, 1});
+      std::vector<torch::Tensor> first(static_cast<size_t>(n)), second(static_cast<size_t>(n));
+      ranks.run([&](int r, parallel::Communicator& c) {
+        const torch::Tensor in = 100.0 * r + 10.0 * index + cell;
+        first[size_t(r)] = c.all_to_all(in);
+        // A view that is not contiguous, in another dtype.
+        second[size_t(r)] = c.all_to_all((in + 1000).to(torch::kFloat).transpose(1, 2));
+      });
+      for (int r = 0; r < n; ++r) {
+        const torch::Tensor want = 100.0 * index + 10.0 * r + cell;
+        EXPECT_TRUE(torch::equal(first[size_t(r)], want)) << "rank " << r << ":\n" << first[size_t(r)];
+        EXPECT_TRUE(torch::equal(second[size_t(r)], (want + 1000).to(torch::kFloat).transpose(1, 2)))
+            << "rank " << r << ":\n"
+            << second[size_t(r)];
+      }
+    }
+  }
+}
+
+TEST(AllToAll, RowsThatDoNotSplitEvenlyAreRefused) {
+  CollectiveRanks ranks(2, Wire::store);
+  try {
+    ranks.run([&](int, parallel::Communicator& c) { c.all_to_all(torch::zeros({3, 2})); });
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not a multiple"), std::string::npos) << e.what();
+  }
+}
+
+// Rank 1 of 3 fails inside an all-to-all while the others wait in it for its parts: they must come back at once
+// with its cause, long before the group's timeout and the kernel-like wire's watchdog.
+TEST(RankFailure, InsideAllToAllEveryRankReturnsPromptly) {
+  for (Wire wire : {Wire::store, Wire::kernel_like}) {
+    SCOPED_TRACE(wire == Wire::store ? "store" : "kernel-like");
+    Fault fault;
+    fault.rank = 1, fault.comm = "collectives", fault.op = "all_to_all", fault.call = 2;
+    CollectiveRanks ranks(3, wire, fault);
+    std::vector<std::string> seen(3);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ranks.run([&](int, parallel::Communicator& c) {
+        try {
+          for (int i = 0; i < 3; ++i) c.all_to_all(torch::ones({3, 4}));
+        } catch (const parallel::ParallelError& e) {
+          seen[size_t(c.rank())] = e.what();
+          throw;
+        }
+      });
+      FAIL() << "no error";
+    } catch (const parallel::ParallelError& e) {
+      ADD_FAILURE() << "the root cause, not a report of it, must come out: " << e.what();
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "out of memory on purpose");
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_LT(took, 3s) << "took " << std::chrono::duration<double>(took).count() << " s";
+    for (int r : {0, 2})
+      EXPECT_NE(seen[size_t(r)].find("rank 1 (cpu) failed: out of memory on purpose"), std::string::npos)
+          << "rank " << r << ": " << seen[size_t(r)];
   }
 }
 

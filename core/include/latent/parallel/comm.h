@@ -53,6 +53,10 @@ class Communicator {
   virtual void all_reduce_sum(torch::Tensor& t) = 0;
   // Every rank's `t`, in rank order; `t` has the same shape and dtype on every rank.
   virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& t) = 0;
+  // `input` cut into size() equal parts along dim 0, part j sent to rank j; returns, in rank order along dim 0, the
+  // parts every rank sent here (c10d's alltoall_base with equal splits): a tensor of input's shape and dtype on
+  // input's device. dim 0 must be a multiple of size(), and every rank's input of the same shape.
+  virtual torch::Tensor all_to_all(const torch::Tensor& input) = 0;
   // Sends `to_prev` to rank - 1 and `to_next` to rank + 1, and receives into `from_prev` and `from_next` what
   // those ranks sent here. Undefined tensors are skipped; the caller sizes the receive buffers.
   virtual void exchange(const torch::Tensor& to_prev, const torch::Tensor& to_next, torch::Tensor& from_prev,
