@@ -11,10 +11,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "gen/backends.h"
 #include "gen/diffusers_folder.h"
+#include "gen/sequence_parallel.h"
 #include "io/weight_files.h"
 #include "memory/residency.h"
 
@@ -213,8 +215,21 @@ class CogVideoXTransformer : public Denoiser {
                                            opt.device, opt.dtype);
   }
 
+  int64_t attention_heads() const override { return cfg_.heads; }
+
  protected:
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& text) const override {
+    return forward(x, timesteps, text, nullptr);
+  }
+  Tensor run_sequence_parallel(const Tensor& x, const Tensor& timesteps, const Tensor& text,
+                               parallel::Communicator& group) const override {
+    return forward(x, timesteps, text, &group);
+  }
+
+ private:
+  // The text tokens are few and join every video token in attention: each rank keeps all of them, and splits
+  // only the video tokens (see attention()).
+  Tensor forward(const Tensor& x, const Tensor& timesteps, const Tensor& text, parallel::Communicator* group) const {
     const int64_t p = cfg_.patch, c = cfg_.in_channels, d = cfg_.dim();
     const int64_t frames = x.size(2), height = x.size(3), width = x.size(4);
     if (height % p != 0 || width % p != 0)
@@ -239,14 +254,21 @@ class CogVideoXTransformer : public Denoiser {
     video = video.view({1, frames, d, hp * wp}).transpose(2, 3).flatten(1, 2);
     Tensor seq = torch::cat({text_proj_(text), video}, 1).contiguous();
     Tensor enc = seq.narrow(1, 0, text_len), h = seq.narrow(1, text_len, tokens);
+    std::optional<TokenSlice> slice;
+    if (group) slice.emplace(*group, tokens, x.device());
     if (!cfg_.rope) {
       const bool sample_size = frames == cfg_.sample_latent_frames() &&
                                (frames - 1) * cfg_.temporal_compression + 1 == cfg_.sample_frames &&
                                height == cfg_.sample_height && width == cfg_.sample_width;
-      h = h + (sample_size ? sample_positions_ : sincos_positions(frames, hp, wp, x.device(), dt));
+      const Tensor positions = sample_size ? sample_positions_ : sincos_positions(frames, hp, wp, x.device(), dt);
+      h = slice ? slice->take(h + positions) : h + positions;
+    } else if (slice) {
+      h = slice->take(h);
     }
     Tensor cos, sin;
     if (cfg_.rope) std::tie(cos, sin) = pipeline_rope(frames, hp, wp, x.device());
+    if (slice && cos.defined()) cos = cos.index_select(0, slice->index()), sin = sin.index_select(0, slice->index());
+    const int64_t rows = slice ? slice->chunk() : tokens;  // this rank's video rows
 
     const auto ln = [&](const Tensor& v, const Norm& n) { return torch::layer_norm(v, {d}, n.w, n.b, cfg_.eps); };
     const auto modulated = [&](const Tensor& v, const Norm& n, const Tensor& shift, const Tensor& scale) {
@@ -255,28 +277,28 @@ class CogVideoXTransformer : public Denoiser {
     for (const Block& b : blocks_) {
       std::vector<Tensor> m = b.norm1_mod(torch::silu(temb)).chunk(6, 1);
       Tensor nh = modulated(h, b.norm1, m[0], m[1]), ne = modulated(enc, b.norm1, m[3], m[4]);
-      const Tensor a = attention(b, torch::cat({ne, nh}, 1), text_len, cos, sin);
-      h = h + m[2].unsqueeze(1) * a.narrow(1, text_len, tokens);
+      const Tensor a = attention(b, torch::cat({ne, nh}, 1), text_len, cos, sin, slice ? &*slice : nullptr);
+      h = h + m[2].unsqueeze(1) * a.narrow(1, text_len, rows);
       enc = enc + m[5].unsqueeze(1) * a.narrow(1, 0, text_len);
 
       m = b.norm2_mod(torch::silu(temb)).chunk(6, 1);
       nh = modulated(h, b.norm2, m[0], m[1]);
       ne = modulated(enc, b.norm2, m[3], m[4]);
       const Tensor ff = b.ff_out(torch::gelu(b.ff_in(torch::cat({ne, nh}, 1)), "tanh"));
-      h = h + m[2].unsqueeze(1) * ff.narrow(1, text_len, tokens);
+      h = h + m[2].unsqueeze(1) * ff.narrow(1, text_len, rows);
       enc = enc + m[5].unsqueeze(1) * ff.narrow(1, 0, text_len);
     }
     h = ln(h, norm_final_);
     const std::vector<Tensor> m = out_mod_(torch::silu(temb)).chunk(2, 1);  // shift first, as AdaLayerNorm's dim 1
     h = modulated(h, norm_out_, m[0], m[1]);
     h = proj_out_(h);
+    if (slice) h = slice->gather_tokens(h);
     return h.reshape({1, frames, hp, wp, c, p, p})
         .permute({0, 1, 4, 2, 5, 3, 6})
         .reshape({1, frames, c, height, width})
         .permute({0, 2, 1, 3, 4});
   }
 
- private:
   // get_3d_sincos_pos_embed: [frames * hp * wp, D], a frame part (D/4) and a spatial part (3D/4, column then row
   // halves), each sin then cos of float32 positions over float64 frequencies. diffusers rounds the float64 table
   // to the compute dtype when adding it; the parts are rounded before they are spread over the tokens here, which
@@ -344,8 +366,10 @@ class CogVideoXTransformer : public Denoiser {
   }
 
   // CogVideoXAttnProcessor2_0 on the joint sequence [1, S, D]: per-head LayerNorm of queries and keys, RoPE on
-  // the video tokens (after the first text_len) where cos is defined.
-  Tensor attention(const Block& b, const Tensor& x, int64_t text_len, const Tensor& cos, const Tensor& sin) const {
+  // the video tokens (after the first text_len) where cos is defined. With a slice, x holds all the text tokens
+  // and this rank's video rows, and so does the result.
+  Tensor attention(const Block& b, const Tensor& x, int64_t text_len, const Tensor& cos, const Tensor& sin,
+                   const TokenSlice* slice) const {
     const int64_t heads = cfg_.heads, hd = cfg_.head_dim;
     const auto split = [&](const Tensor& t) { return t.view({1, -1, heads, hd}).transpose(1, 2); };
     Tensor q = torch::layer_norm(split(b.q(x)), {hd}, b.norm_q.w, b.norm_q.b, 1e-6);
@@ -362,8 +386,25 @@ class CogVideoXTransformer : public Denoiser {
       q = rotate(q);
       k = rotate(k);
     }
+    if (slice) return b.out(sharded_attention(q, k, v, text_len, *slice).transpose(1, 2).reshape({1, -1, heads * hd}));
     const Tensor o = at::scaled_dot_product_attention(q, k, v);
     return b.out(o.transpose(1, 2).reshape({1, -1, heads * hd}));
+  }
+
+  // q, k, v [1, heads, text_len + chunk, hd]: every text token, this rank's video rows. Each rank attends with its
+  // heads over the text and every real video token; the text rows' outputs of all heads are then gathered (each
+  // rank needs them: it keeps every text token), the video rows' go back to the ranks that hold those rows.
+  static Tensor sharded_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t text_len,
+                                  const TokenSlice& slice) {
+    const auto text = [&](const Tensor& t) { return slice.my_heads(t.narrow(2, 0, text_len), 1); };
+    const auto video = [&](const Tensor& t) { return t.narrow(2, text_len, t.size(2) - text_len).transpose(1, 2); };
+    // [3, tokens, heads / ranks, hd] -> [3, heads / ranks, tokens, hd]
+    const Tensor vq = slice.to_heads(torch::cat({video(q), video(k), video(v)}, 0)).transpose(1, 2);
+    const auto joint = [&](const Tensor& t, int64_t i) { return torch::cat({text(t), vq.narrow(0, i, 1)}, 2); };
+    const Tensor o = at::scaled_dot_product_attention(joint(q, 0), joint(k, 1), joint(v, 2));
+    const Tensor o_text = slice.gather(o.narrow(2, 0, text_len), 1);  // [1, heads, text_len, hd]
+    const Tensor o_video = slice.to_tokens(o.narrow(2, text_len, o.size(2) - text_len).transpose(1, 2));
+    return torch::cat({o_text, o_video.transpose(1, 2)}, 2);
   }
 
   CogConfig cfg_;

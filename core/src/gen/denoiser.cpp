@@ -6,6 +6,7 @@
 #include "gen/backends.h"
 #include "io/numbers.h"
 #include "latent/io/weights.h"
+#include "latent/parallel/comm.h"
 
 namespace latent {
 namespace {
@@ -67,8 +68,9 @@ void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, cons
                      "native_width\" without the other");
 }
 
-torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& timesteps,
-                                const torch::Tensor& text) const {
+template <typename Body>
+torch::Tensor Denoiser::checked(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                                Body&& body) const {
   // Inference only: a model whose parameters track gradients would otherwise chain every frame's graph to the
   // frames before it, and memory would grow with the length.
   torch::NoGradGuard no_grad;
@@ -95,12 +97,44 @@ torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& tim
   const auto on_model = [&](const torch::Tensor& t, torch::ScalarType dtype) {
     return t.to(options_.device, dtype).contiguous();
   };
-  torch::Tensor out = run(on_model(x, options_.dtype), on_model(timesteps, torch::kFloat),
-                          text.defined() ? on_model(text, options_.dtype) : text);
+  torch::Tensor out = body(on_model(x, options_.dtype), on_model(timesteps, torch::kFloat),
+                           text.defined() ? on_model(text, options_.dtype) : text);
   if (!out.defined() || out.sizes() != x.sizes())
     throw std::runtime_error("denoiser (" + spec_.backend + ") returned " + (out.defined() ? shape_text(out) : "none") +
                              " for latents " + shape_text(x));
   return out.to(torch::kFloat);
+}
+
+torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& timesteps,
+                                const torch::Tensor& text) const {
+  return checked(x, timesteps, text, [&](const torch::Tensor& xm, const torch::Tensor& tm, const torch::Tensor& cm) {
+    return run(xm, tm, cm);
+  });
+}
+
+torch::Tensor Denoiser::predict(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                                parallel::Communicator* sequence_group) const {
+  if (!sequence_group || sequence_group->size() == 1) return predict(x, timesteps, text);
+  const int64_t degree = sequence_group->size(), heads = attention_heads();
+  if (heads <= 0)
+    throw std::invalid_argument("sequence parallel: this model (" + spec_.backend +
+                                ") cannot share a prediction over a group; use a group of one");
+  if (heads % degree != 0) {
+    std::string valid;
+    for (int64_t d = 1; d <= heads; ++d)
+      if (heads % d == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
+    throw std::invalid_argument("sequence parallel over " + std::to_string(degree) + " ranks: the ranks split the " +
+                                std::to_string(heads) + " attention heads of this model (" + spec_.backend +
+                                "), so their number must divide it; valid: " + valid);
+  }
+  return checked(x, timesteps, text, [&](const torch::Tensor& xm, const torch::Tensor& tm, const torch::Tensor& cm) {
+    return run_sequence_parallel(xm, tm, cm, *sequence_group);
+  });
+}
+
+torch::Tensor Denoiser::run_sequence_parallel(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                              parallel::Communicator&) const {
+  throw std::logic_error("denoiser (" + spec_.backend + ") declares attention heads but has no sequence parallel run");
 }
 
 std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options) {

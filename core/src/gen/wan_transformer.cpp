@@ -20,6 +20,7 @@
 
 #include "gen/backends.h"
 #include "gen/diffusers_folder.h"
+#include "gen/sequence_parallel.h"
 #include "io/weight_files.h"
 #include "latent/io/safetensors.h"
 #include "memory/residency.h"
@@ -250,8 +251,19 @@ class WanTransformer : public Denoiser {
             .to(opt.device);
   }
 
+  int64_t attention_heads() const override { return cfg_.heads; }
+
  protected:
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& text) const override {
+    return forward(x, timesteps, text, nullptr);
+  }
+  Tensor run_sequence_parallel(const Tensor& x, const Tensor& timesteps, const Tensor& text,
+                               parallel::Communicator& group) const override {
+    return forward(x, timesteps, text, &group);
+  }
+
+ private:
+  Tensor forward(const Tensor& x, const Tensor& timesteps, const Tensor& text, parallel::Communicator* group) const {
     const int64_t t = x.size(2), hp = x.size(3) / cfg_.ph, wp = x.size(4) / cfg_.pw, d = cfg_.dim();
     const int64_t tokens = hp * wp, seq = t * tokens;
     if (x.size(3) % cfg_.ph || x.size(4) % cfg_.pw)
@@ -260,7 +272,7 @@ class WanTransformer : public Denoiser {
       throw std::invalid_argument("denoiser input latents: more than rope_max_seq_len = " +
                                   std::to_string(cfg_.rope_max_seq_len) + " positions along an axis");
     const auto dt = dtype();
-    const auto [cos, sin] = rope(t, hp, wp);
+    auto [cos, sin] = rope(t, hp, wp);
 
     Tensor h = torch::conv3d(x, patch_w_, patch_b_, {cfg_.pt, cfg_.ph, cfg_.pw});
     h = h.flatten(2).transpose(1, 2).contiguous();  // [1, seq, D]
@@ -268,9 +280,26 @@ class WanTransformer : public Denoiser {
     // Time: float32 sinusoid and embedder; the projection in the compute dtype. One row per frame.
     const Tensor args = timesteps.reshape({t, 1}).to(torch::kFloat) * freqs_.unsqueeze(0);
     const Tensor sinusoid = torch::cat({torch::cos(args), torch::sin(args)}, 1);
-    const Tensor temb = time_2_(torch::silu(time_1_(sinusoid))).to(dt);                    // [T, D]
-    const Tensor tproj = time_proj_(torch::silu(temb)).view({t, 6, d}).to(torch::kFloat);  // [T, 6, D]
+    Tensor temb = time_2_(torch::silu(time_1_(sinusoid))).to(dt);                    // [T, D]
+    Tensor tproj = time_proj_(torch::silu(temb)).view({t, 6, d}).to(torch::kFloat);  // [T, 6, D]
     const std::shared_ptr<const TextKeys> keys = text_keys(text);
+
+    // h is viewed as [frames, tokens, D] so that each frame's modulation broadcasts over its tokens. A rank of a
+    // group keeps a slice of the tokens that may start and end mid-frame: it views its rows as [chunk, 1, D] and
+    // takes each row's own frame's modulation, the same values.
+    int64_t frames = t, per_frame = tokens;
+    std::optional<TokenSlice> slice;
+    if (group) {
+      slice.emplace(*group, seq, x.device());
+      h = slice->take(h);
+      cos = cos.index_select(0, slice->index());
+      sin = sin.index_select(0, slice->index());
+      const Tensor frame = torch::floor_divide(slice->index(), tokens);
+      temb = temb.index_select(0, frame);
+      tproj = tproj.index_select(0, frame);
+      frames = slice->chunk(), per_frame = 1;
+    }
+    const int64_t rows = frames * per_frame;
 
     const auto ln = [&](const Tensor& v, const Tensor& w, const Tensor& b) {
       return torch::layer_norm(v.to(torch::kFloat), {d}, w, b, cfg_.eps);
@@ -278,32 +307,32 @@ class WanTransformer : public Denoiser {
     for (const Block& b : blocks_) {
       const Tensor mod = b.scale_shift + tproj;                       // [T, 6, D] float32
       const auto m = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [T, 1, D], broadcast over a frame's tokens
-      Tensor hf = h.view({t, tokens, d}).to(torch::kFloat);
-      Tensor n = (ln(hf, {}, {}) * (1 + m(1)) + m(0)).to(dt).view({1, seq, d});
-      Tensor a = self_attention(b.self_attn, n, cos, sin);
-      h = (hf + a.view({t, tokens, d}) * m(2)).to(dt).view({1, seq, d});
+      Tensor hf = h.view({frames, per_frame, d}).to(torch::kFloat);
+      Tensor n = (ln(hf, {}, {}) * (1 + m(1)) + m(0)).to(dt).view({1, rows, d});
+      Tensor a = self_attention(b.self_attn, n, cos, sin, slice ? &*slice : nullptr);
+      h = (hf + a.view({frames, per_frame, d}) * m(2)).to(dt).view({1, rows, d});
 
       n = cfg_.cross_attn_norm ? ln(h, b.norm2_w, b.norm2_b).to(dt) : h;
       const size_t i = size_t(&b - blocks_.data());
       h = h + attention(b.cross_attn, n, keys->k[i], keys->v[i], nullptr, nullptr);
 
-      hf = h.view({t, tokens, d}).to(torch::kFloat);
-      n = (ln(hf, {}, {}) * (1 + m(4)) + m(3)).to(dt).view({1, seq, d});
+      hf = h.view({frames, per_frame, d}).to(torch::kFloat);
+      n = (ln(hf, {}, {}) * (1 + m(4)) + m(3)).to(dt).view({1, rows, d});
       const Tensor ff = b.ffn_out(torch::gelu(b.ffn_in(n), "tanh"));
-      h = (hf + ff.view({t, tokens, d}).to(torch::kFloat) * m(5)).to(dt).view({1, seq, d});
+      h = (hf + ff.view({frames, per_frame, d}).to(torch::kFloat) * m(5)).to(dt).view({1, rows, d});
     }
 
     const Tensor out_mod = scale_shift_out_ + temb.unsqueeze(1);  // [T, 2, D] float32
-    Tensor hf = h.view({t, tokens, d}).to(torch::kFloat);
-    h = (ln(hf, {}, {}) * (1 + out_mod.narrow(1, 1, 1)) + out_mod.narrow(1, 0, 1)).to(dt).view({1, seq, d});
+    Tensor hf = h.view({frames, per_frame, d}).to(torch::kFloat);
+    h = (ln(hf, {}, {}) * (1 + out_mod.narrow(1, 1, 1)) + out_mod.narrow(1, 0, 1)).to(dt).view({1, rows, d});
     h = proj_out_(h);
+    if (slice) h = slice->gather_tokens(h);
     const int64_t c = cfg_.out_channels;
     return h.reshape({1, t, hp, wp, cfg_.pt, cfg_.ph, cfg_.pw, c})
         .permute({0, 7, 1, 4, 2, 5, 3, 6})
         .reshape({1, c, t * cfg_.pt, hp * cfg_.ph, wp * cfg_.pw});
   }
 
- private:
   // cos and sin of every token's angles, [seq, 1, head_dim / 2]: frame, row and column parts side by side.
   std::pair<Tensor, Tensor> rope(int64_t t, int64_t hp, int64_t wp) const {
     const auto grid = [&](const std::vector<Tensor>& parts) {
@@ -354,27 +383,37 @@ class WanTransformer : public Denoiser {
     return e;
   }
 
+  static Tensor rotate(const Tensor& y, const Tensor& cos, const Tensor& sin) {
+    const Tensor pairs = y.unflatten(-1, {-1, 2});
+    const Tensor x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
+    return torch::stack({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1).flatten(-2).to(y.scalar_type());
+  }
+
   // x [1, S, D] queries from; k, v [1, L, heads, head_dim]; RoPE on queries and keys where cos is given.
   Tensor attention(const Attention& a, const Tensor& x, Tensor k, const Tensor& v, const Tensor* cos,
                    const Tensor* sin) const {
     const int64_t heads = cfg_.heads, d = cfg_.dim();
     Tensor q = torch::rms_norm(a.q(x), {d}, a.norm_q, cfg_.eps).unflatten(2, {heads, -1});
     if (cos) {
-      const auto rotate = [&](const Tensor& y) {
-        const Tensor pairs = y.unflatten(-1, {-1, 2});
-        const Tensor x1 = pairs.select(-1, 0), x2 = pairs.select(-1, 1);
-        return torch::stack({x1 * *cos - x2 * *sin, x1 * *sin + x2 * *cos}, -1).flatten(-2).to(y.scalar_type());
-      };
-      q = rotate(q);
-      k = rotate(k);
+      q = rotate(q, *cos, *sin);
+      k = rotate(k, *cos, *sin);
     }
     Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
     return a.out(o.transpose(1, 2).flatten(2).to(x.scalar_type()));
   }
-  Tensor self_attention(const Attention& a, const Tensor& x, const Tensor& cos, const Tensor& sin) const {
+  // With a slice, x is this rank's rows. The q and k norms run over all heads of a token, which every rank has
+  // before the all-to-all, so they need no communication; RoPE takes the rows' own positions (in cos and sin).
+  Tensor self_attention(const Attention& a, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                        const TokenSlice* slice) const {
     const int64_t heads = cfg_.heads, d = cfg_.dim();
     Tensor k = torch::rms_norm(a.k(x), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1});
-    return attention(a, x, k, a.v(x).unflatten(2, {heads, -1}), &cos, &sin);
+    if (!slice) return attention(a, x, k, a.v(x).unflatten(2, {heads, -1}), &cos, &sin);
+    const Tensor q = rotate(torch::rms_norm(a.q(x), {d}, a.norm_q, cfg_.eps).unflatten(2, {heads, -1}), cos, sin);
+    k = rotate(k, cos, sin);
+    // [3, seq, heads / ranks, head_dim] -> [3, heads / ranks, seq, head_dim]
+    const Tensor qkv = slice->to_heads(torch::cat({q, k, a.v(x).unflatten(2, {heads, -1})}, 0)).transpose(1, 2);
+    const Tensor o = at::scaled_dot_product_attention(qkv.narrow(0, 0, 1), qkv.narrow(0, 1, 1), qkv.narrow(0, 2, 1));
+    return a.out(slice->to_tokens(o.transpose(1, 2)).flatten(2).to(x.scalar_type()));
   }
 
   WanConfig cfg_;

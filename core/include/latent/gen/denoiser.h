@@ -15,6 +15,10 @@
 
 namespace latent {
 
+namespace parallel {
+class Communicator;
+}
+
 struct DenoiserSpec {
   std::string backend;  // "aoti" (an exported .pt2 package) or a native architecture's name
   Prediction prediction = Prediction::flow;
@@ -60,13 +64,36 @@ class Denoiser {
   // and the accepted shape (or, for unequal timesteps to a model without per-frame timesteps, saying so).
   torch::Tensor predict(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const;
 
+  // Sequence parallel (Ulysses): the heads of the model's attention, which a group splits among its ranks; 0 where
+  // the model cannot share one prediction over a group.
+  virtual int64_t attention_heads() const { return 0; }
+  // One prediction shared by the ranks of `sequence_group`: each rank runs a contiguous part of the tokens and,
+  // inside attention, a part of the heads. Called on every rank of the group at once with the same inputs (and a
+  // model with the same weights); returns on every rank the whole prediction, equal to predict(x, timesteps, text)
+  // within float rounding. A null group or a group of one is predict(x, timesteps, text). Throws
+  // std::invalid_argument where the group's size does not divide attention_heads() (naming the sizes that do) or
+  // the model has no sequence parallel, and ParallelError where the group fails (another rank failed or timed out).
+  torch::Tensor predict(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                        parallel::Communicator* sequence_group) const;
+
  protected:
   Denoiser(DenoiserSpec spec, LoadOptions options) : spec_(std::move(spec)), options_(options) {}
   // Inputs are checked and on the model's device and dtype (timesteps float32) by then.
   virtual torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps,
                             const torch::Tensor& text) const = 0;
+  // run() over a group of two or more ranks whose size divides attention_heads(); inputs as run()'s. Only models
+  // with attention_heads() > 0 are asked.
+  virtual torch::Tensor run_sequence_parallel(const torch::Tensor& x, const torch::Tensor& timesteps,
+                                              const torch::Tensor& text, parallel::Communicator& group) const;
   DenoiserSpec spec_;
   LoadOptions options_;
+
+ private:
+  // Checks the inputs as predict() documents, runs `body` on them moved to the model's device and dtype, and
+  // checks what it returns.
+  template <typename Body>
+  torch::Tensor checked(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                        Body&& body) const;
 };
 
 // A `.pt2` package (tools/export_denoiser.py) or native weights. Throws ModelError naming the file and the defect.
