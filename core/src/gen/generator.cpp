@@ -60,13 +60,17 @@ size_t Generator::latent_bytes_lower_bound(const GeneratorOptions& o, int64_t ch
   const size_t frame = size_t(std::max<int64_t>(channels, 1)) * size_t(std::max<int64_t>(o.height, 1)) *
                        size_t(std::max<int64_t>(o.width, 1)) * sizeof(float);
   // In flight: clip and rolling hold a window, fifo its queue of `steps` frames; each frame with its sampler
-  // history (UniPC keeps two earlier predictions). A call adds its input, conditional and unconditional outputs.
+  // history (UniPC keeps two earlier predictions). A call adds its input, conditional and unconditional outputs;
+  // fifo's partitions are predicted together before any steps (so ranks can share them), which keeps every
+  // partition's input and prediction at once.
   const int64_t window = std::max<int64_t>(o.window, 1);
-  const int64_t held = o.schedule == ScheduleKind::fifo   ? std::max<int64_t>(o.sampler.steps, 1) + 1
+  const int64_t queue = std::max<int64_t>(o.sampler.steps, 1) + 1;
+  const int64_t held = o.schedule == ScheduleKind::fifo   ? queue
                        : o.schedule == ScheduleKind::clip ? std::max<int64_t>(o.frames, 1)
                                                           : window;
+  const int64_t in_calls = o.schedule == ScheduleKind::fifo ? queue * 2 + window : window * 3;
   const size_t per_frame_state = o.sampler.kind == SamplerKind::unipc ? 3 : 1;
-  return frame * (size_t(held) * per_frame_state + size_t(window) * 3);
+  return frame * (size_t(held) * per_frame_state + size_t(in_calls));
 }
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
@@ -86,14 +90,15 @@ const char* schedule_kind_name(ScheduleKind kind) {
 }
 
 Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const GeneratorOptions& options, int64_t height,
-                     int64_t width)
+                     int64_t width, std::unique_ptr<CallExecutor> executor)
     : model_(model),
       sampler_(sampler),
       guidance_(options.guidance),
       channels_(model.spec().channels),
       height_(height),
       width_(width),
-      cpu_generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)) {
+      cpu_generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)),
+      executor_(executor ? std::move(executor) : make_local_executor()) {
   // Moved to the model once, not at every call.
   if (options.text.defined()) text_ = options.text.to(model.device(), model.dtype());
   if (options.negative_text.defined() && guidance_ != 1.0)
@@ -101,19 +106,30 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
   if (options.initial_noise.defined()) initial_noise_ = options.initial_noise.to(model.device(), torch::kFloat);
 }
 
+std::vector<torch::Tensor> Denoising::predict(const std::vector<ModelCall>& calls) {
+  return executor_->run(*this, calls);
+}
+
 torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64_t>& steps) {
+  return predict(std::vector<ModelCall>{{x, steps}}).at(0);
+}
+
+torch::Tensor Denoising::evaluate(const ModelCall& call, bool uncond, parallel::Communicator* sequence_group) const {
   // Filled on the host and wrapped once: indexing a tensor element by element costs a dispatch per frame.
-  std::vector<float> levels(steps.size());
-  for (size_t j = 0; j < steps.size(); ++j)
-    levels[j] = steps[j] >= sampler_.steps() ? 0.0f : static_cast<float>(sampler_.timestep(steps[j]));
+  std::vector<float> levels(call.steps.size());
+  for (size_t j = 0; j < call.steps.size(); ++j)
+    levels[j] = call.steps[j] >= sampler_.steps() ? 0.0f : static_cast<float>(sampler_.timestep(call.steps[j]));
   const torch::Tensor timesteps = torch::tensor(levels).view({1, -1});
   check_interrupted();
-  torch::Tensor cond = model_.predict(x, timesteps, text_);
-  ++calls_;
-  if (guidance_ == 1.0) return cond;
-  check_interrupted();
-  torch::Tensor uncond = model_.predict(x, timesteps, negative_text_);
-  ++calls_;
+  const torch::Tensor& text = uncond ? negative_text_ : text_;
+  // The one place a sequence group reaches the model. Until Denoiser::predict takes one, a plan with Ulysses
+  // ranks is refused before any rank runs (ParallelPlan checks), so none arrives here.
+  if (sequence_group != nullptr)
+    throw std::logic_error("generator: this build's denoisers take no sequence group (Ulysses)");
+  return model_.predict(call.x, timesteps, text);
+}
+
+torch::Tensor Denoising::guide(const torch::Tensor& cond, const torch::Tensor& uncond) const {
   // diffusers' order of operations, so a clip matches its pipelines bit for bit where the model does.
   return uncond + guidance_ * (cond - uncond);
 }
@@ -137,15 +153,46 @@ torch::Tensor Denoising::noise_state() const { return cpu_generator_.get_state()
 
 void Denoising::restore_noise_state(const torch::Tensor& state) { cpu_generator_.set_state(state); }
 
+namespace {
+
+class LocalExecutor final : public CallExecutor {
+ public:
+  std::vector<torch::Tensor> run(Denoising& d, const std::vector<ModelCall>& calls) override {
+    std::vector<torch::Tensor> out;
+    out.reserve(calls.size());
+    for (const ModelCall& c : calls) {
+      torch::Tensor cond = d.evaluate(c, false);
+      d.count_calls(1);
+      if (!d.guided()) {
+        out.push_back(std::move(cond));
+        continue;
+      }
+      torch::Tensor uncond = d.evaluate(c, true);
+      d.count_calls(1);
+      out.push_back(d.guide(cond, uncond));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CallExecutor> make_local_executor() { return std::make_unique<LocalExecutor>(); }
+
 struct Generator::Impl {
   Sampler sampler;
   Denoising denoising;
   std::unique_ptr<Schedule> schedule;
-  Impl(const Denoiser& model, const GeneratorOptions& o, int64_t height, int64_t width)
-      : sampler(o.sampler, model.spec().prediction), denoising(model, sampler, o, height, width) {}
+  Impl(const Denoiser& model, const GeneratorOptions& o, int64_t height, int64_t width,
+       std::unique_ptr<CallExecutor> executor)
+      : sampler(o.sampler, model.spec().prediction), denoising(model, sampler, o, height, width, std::move(executor)) {}
 };
 
 Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options)
+    : Generator(std::move(denoiser), std::move(options), nullptr) {}
+
+Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options,
+                     std::unique_ptr<CallExecutor> executor)
     : denoiser_(std::move(denoiser)), options_(std::move(options)) {
   if (!denoiser_) bad_option("no denoiser");
   const DenoiserSpec& spec = denoiser_->spec();
@@ -203,6 +250,7 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
   }
   check_text(spec, o);
   check_memory(o, spec, denoiser_->device());
+  impl_ = std::make_unique<Impl>(*denoiser_, options_, options_.height, options_.width, std::move(executor));
   reset(o.seed);
 }
 
@@ -212,7 +260,6 @@ void Generator::reset() { reset(options_.seed); }
 
 void Generator::reset(uint64_t seed) {
   options_.seed = seed;
-  if (!impl_) impl_ = std::make_unique<Impl>(*denoiser_, options_, options_.height, options_.width);
   impl_->denoising.reseed(seed);
   switch (options_.schedule) {
     case ScheduleKind::clip: impl_->schedule = make_clip_schedule(options_.frames); break;
@@ -234,6 +281,7 @@ std::vector<GeneratedFrame> Generator::next() {
       made = impl_->schedule->advance(impl_->denoising);
     } catch (...) {
       impl_->denoising.restore_noise_state(noise_state);
+      impl_->denoising.executor().failed(std::current_exception());
       throw;
     }
     if (!made.empty()) return made;

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -12,11 +13,40 @@
 
 namespace latent {
 
+namespace parallel {
+class Communicator;
+}
+
+// One model call of an iteration: latents x [1, C, T, h, w] whose frame j is at step steps[j] (sampler.steps() =
+// clean). Guided, it is two denoiser evaluations (text and negative text).
+struct ModelCall {
+  torch::Tensor x;
+  std::vector<int64_t> steps;
+};
+
+class Denoising;
+
+// Runs the model calls of an iteration. All of them are handed over at once so that an executor over several
+// ranks can spread them (latent/gen/parallel_generator.h); the local one runs them in order.
+class CallExecutor {
+ public:
+  virtual ~CallExecutor() = default;
+  // Each call's guided prediction [1, C, T, h, w] float32 on the model's device, in the order of `calls`.
+  virtual std::vector<torch::Tensor> run(Denoising& d, const std::vector<ModelCall>& calls) = 0;
+  // Generator::next() failed with `error` (already rethrown to its caller): a rank of a group tells the others,
+  // who would otherwise wait for it in the next exchange until the group's timeout.
+  virtual void failed(const std::exception_ptr& error) noexcept { (void)error; }
+};
+
+// Every evaluation on this device, in order: cond, uncond, guidance, then the next call.
+std::unique_ptr<CallExecutor> make_local_executor();
+
 class Denoising {
  public:
   Denoising(const Denoiser& model, const Sampler& sampler, const GeneratorOptions& options, int64_t height,
-            int64_t width);
-  // The guided prediction for x [1, C, T, h, w] whose frame j is at step steps[j] (sampler.steps() = clean).
+            int64_t width, std::unique_ptr<CallExecutor> executor);
+  // The guided prediction for each call, through the executor.
+  std::vector<torch::Tensor> predict(const std::vector<ModelCall>& calls);
   torch::Tensor predict(const torch::Tensor& x, const std::vector<int64_t>& steps);
   // Unit Gaussian noise [1, C, frames, h, w], drawn on the CPU so every device gets the same numbers.
   torch::Tensor noise(int64_t frames);
@@ -27,6 +57,18 @@ class Denoising {
   torch::Tensor noise_state() const;
   void restore_noise_state(const torch::Tensor& state);
 
+  // For executors. Whether a call is two evaluations.
+  bool guided() const { return guidance_ != 1.0; }
+  // One evaluation of `call`: with the text, or with the negative text when `uncond`. Throws Interrupted while
+  // interrupted. `sequence_group`: the ranks that run this evaluation together (Ulysses), null for one.
+  torch::Tensor evaluate(const ModelCall& call, bool uncond, parallel::Communicator* sequence_group = nullptr) const;
+  // uncond + guidance * (cond - uncond).
+  torch::Tensor guide(const torch::Tensor& cond, const torch::Tensor& uncond) const;
+  void count_calls(int64_t n) { calls_ += n; }
+  void check_interrupted() const;
+  CallExecutor& executor() { return *executor_; }
+
+  const Denoiser& model() const { return model_; }
   const Sampler& sampler() const { return sampler_; }
   int64_t calls() const { return calls_; }
   // predict() throws Interrupted while this is set.
@@ -40,9 +82,9 @@ class Denoising {
   torch::Tensor initial_noise_;
   int64_t channels_, height_, width_;
   torch::Generator cpu_generator_;
+  std::unique_ptr<CallExecutor> executor_;
   std::atomic<int64_t> calls_{0};  // read by stats from other threads
   std::atomic<bool> interrupted_{false};
-  void check_interrupted() const;
 };
 
 class Schedule {

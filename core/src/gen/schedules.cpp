@@ -59,24 +59,31 @@ class FifoSchedule final : public Schedule {
     if (enter) queue.push_back({d.noise(1), 0, {}, entered_});
     if (queue.empty()) return {};
     // The queue runs oldest first, so steps fall from front to back; a partition is a run of steps [k*w, (k+1)*w).
-    size_t begin = 0;
-    while (begin < queue.size()) {
+    // Every partition is predicted before any of them steps (a partition's step touches only its own slots), so
+    // an executor over several ranks has the iteration's calls at once.
+    std::vector<ModelCall> calls;
+    std::vector<size_t> starts;
+    for (size_t begin = 0; begin < queue.size();) {
       const int64_t partition = queue[begin].step / window_;
-      size_t end = begin;
       std::vector<torch::Tensor> xs;
-      std::vector<int64_t> steps;
-      while (end < queue.size() && queue[end].step / window_ == partition) {
+      ModelCall call;
+      size_t end = begin;
+      for (; end < queue.size() && queue[end].step / window_ == partition; ++end) {
         xs.push_back(queue[end].x);
-        steps.push_back(queue[end].step);
-        ++end;
+        call.steps.push_back(queue[end].step);
       }
-      torch::Tensor out = d.predict(torch::cat(xs, 2), steps);
-      for (size_t j = begin; j < end; ++j) {
-        Slot& s = queue[j];
-        s.x = sampler.step(s.x, out.narrow(2, static_cast<int64_t>(j - begin), 1), s.step, s.history);
+      call.x = torch::cat(xs, 2);
+      calls.push_back(std::move(call));
+      starts.push_back(begin);
+      begin = end;
+    }
+    const std::vector<torch::Tensor> outs = d.predict(calls);
+    for (size_t c = 0; c < calls.size(); ++c) {
+      for (size_t j = 0; j < calls[c].steps.size(); ++j) {
+        Slot& s = queue[starts[c] + j];
+        s.x = sampler.step(s.x, outs[c].narrow(2, static_cast<int64_t>(j), 1), s.step, s.history);
         ++s.step;
       }
-      begin = end;
     }
     std::vector<GeneratedFrame> clean;
     while (!queue.empty() && queue.front().step == sampler.steps()) {

@@ -22,6 +22,9 @@ namespace latent {
 
 enum class ScheduleKind { clip, fifo, rolling };
 
+// How an iteration's model calls are run; the core's own (gen/schedule.h).
+class CallExecutor;
+
 // "clip", "fifo", "rolling"; throws std::invalid_argument listing the names.
 ScheduleKind parse_schedule_kind(const std::string& name);
 const char* schedule_kind_name(ScheduleKind kind);
@@ -68,6 +71,9 @@ class Generator {
   // need a denoiser with per-frame timesteps), or when the latents the schedule keeps alone would not fit in the
   // device's available memory.
   Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options);
+  // The same, with the iteration's model calls run by `executor` (made in the core: one rank of a group,
+  // latent/gen/parallel_generator.h); null runs them here.
+  Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options, std::unique_ptr<CallExecutor> executor);
   ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
