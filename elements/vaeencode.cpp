@@ -65,6 +65,8 @@ struct Impl {
   latent::gst::LatencyBound compute;
   // Frames held before a latent can go out, as time: set by the streaming thread, read by LATENCY queries.
   std::atomic<GstClockTime> hold_time{0};
+  // The loaded model's size rule (16 for wan2.2), read by CAPS queries from any thread.
+  std::atomic<int> size_multiple{8};
 };
 
 }  // namespace
@@ -82,10 +84,11 @@ GST_ELEMENT_REGISTER_DEFINE(vaeencode, "vaeencode", GST_RANK_NONE, GST_TYPE_VAE_
 
 namespace {
 
-std::string sink_caps_string() {
-  // Sizes step by 8 so videoscale can meet the model's constraint during negotiation.
-  return std::string("video/x-raw, format=(string)") + latent::gst::kEncoderFormats +
-         ", width=(int)[ 8, 16384, 8 ], height=(int)[ 8, 16384, 8 ], framerate=(fraction)[ 0/1, 2147483647/1 ]";
+std::string sink_caps_string(int step = 8) {
+  // Sizes step by the model's multiple so videoscale can meet its constraint during negotiation.
+  const std::string range = "(int)[ " + std::to_string(step) + ", 16384, " + std::to_string(step) + " ]";
+  return std::string("video/x-raw, format=(string)") + latent::gst::kEncoderFormats + ", width=" + range +
+         ", height=" + range + ", framerate=(fraction)[ 0/1, 2147483647/1 ]";
 }
 
 GstClockTime frame_duration(const Impl& s) {
@@ -322,6 +325,25 @@ gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
     gst_query_add_allocation_meta(query, GST_VIDEO_META_API_TYPE, nullptr);
     return TRUE;
   }
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS) {
+    // The sizes the loaded model encodes, so that a scaler upstream picks one. Where upstream can offer none of
+    // them the template's are answered instead, and set_caps says which sizes the model takes rather than
+    // negotiation failing without a reason.
+    GstCaps* filter = nullptr;
+    gst_query_parse_caps(query, &filter);
+    const int step = GST_VAE_ENCODE(parent)->impl->size_multiple.load();
+    GstCaps* caps = nullptr;
+    for (int s : {step, 8}) {
+      GstCaps* all = gst_caps_from_string(sink_caps_string(s).c_str());
+      caps = filter ? gst_caps_intersect_full(filter, all, GST_CAPS_INTERSECT_FIRST) : gst_caps_ref(all);
+      gst_caps_unref(all);
+      if (!gst_caps_is_empty(caps) || s == 8) break;
+      gst_caps_unref(caps);
+    }
+    gst_query_set_caps_result(query, caps);
+    gst_caps_unref(caps);
+    return TRUE;
+  }
   return gst_pad_query_default(pad, parent, query);
 }
 
@@ -340,6 +362,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.models = latent::gst::acquire_models_locked(element, s.settings);
       if (s.models.empty()) return GST_STATE_CHANGE_FAILURE;
       s.model = s.models[0];
+      s.size_multiple = int(s.model->spec().size_multiple);
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
@@ -368,6 +391,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.have_video = false;
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
+      s.size_multiple = 8;
       s.model.reset();
       s.models.clear();
       break;
