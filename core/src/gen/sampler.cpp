@@ -1,7 +1,7 @@
 // The samplers, ported from diffusers 0.42 operation by operation: every quantity has the dtype diffusers gives it
-// (fp32 flow sigmas, float64 DDIM alpha_bars, fp32 UniPC coefficients) and is rounded where diffusers rounds it, so
-// trajectories agree to the last bit on the CPU rather than merely to the formula. Where diffusers computes a value
-// with a LibTorch kernel (log, expm1, linspace, cumprod, a 2x2 solve), the same kernel computes it here.
+// (fp32 flow sigmas, float64 DDIM and DPM alpha_bars, fp32 UniPC coefficients) and is rounded where diffusers rounds
+// it, so trajectories agree to the last bit on the CPU rather than merely to the formula. Where diffusers computes a
+// value with a LibTorch kernel (log, expm1, linspace, cumprod, a 2x2 solve), the same kernel computes it here.
 #include "latent/gen/sampler.h"
 
 #include <torch/torch.h>
@@ -27,6 +27,7 @@ double rounded_product(double a, double b) {
 }
 
 torch::Tensor cpu_f32(double v) { return torch::scalar_tensor(v, torch::TensorOptions().dtype(torch::kFloat)); }
+torch::Tensor cpu_f64(double v) { return torch::scalar_tensor(v, torch::TensorOptions().dtype(torch::kDouble)); }
 
 // diffusers' `x ** 0.5` on a CPU tensor. LibTorch's CPU square root is not correctly rounded (it differs from
 // std::sqrt in about 1% of doubles and 20% of floats), so it takes the same kernel here.
@@ -147,7 +148,8 @@ SamplerKind parse_sampler_kind(const std::string& name) {
   if (name == "euler") return SamplerKind::euler;
   if (name == "unipc") return SamplerKind::unipc;
   if (name == "ddim") return SamplerKind::ddim;
-  fail("unknown sampler '" + name + "' (euler, unipc, ddim)");
+  if (name == "dpm") return SamplerKind::dpm;
+  fail("unknown sampler '" + name + "' (euler, unipc, ddim, dpm)");
 }
 
 const char* sampler_kind_name(SamplerKind kind) {
@@ -155,6 +157,7 @@ const char* sampler_kind_name(SamplerKind kind) {
     case SamplerKind::euler: return "euler";
     case SamplerKind::unipc: return "unipc";
     case SamplerKind::ddim: return "ddim";
+    case SamplerKind::dpm: return "dpm";
   }
   return "?";
 }
@@ -201,7 +204,8 @@ Sampler::Sampler(const SamplerOptions& options, Prediction prediction) : options
       unipc_schedule(o, timesteps_, sigmas_);
       unipc_ = unipc_intervals(sigmas_);
       break;
-    case SamplerKind::ddim: {
+    case SamplerKind::ddim:
+    case SamplerKind::dpm: {
       const std::vector<double> table = to_vector(ddim_alpha_bars(o));
       const int64_t stride = o.train_timesteps / o.steps;
       for (int64_t t : trailing_timesteps(o.train_timesteps, o.steps)) {
@@ -211,6 +215,7 @@ Sampler::Sampler(const SamplerOptions& options, Prediction prediction) : options
         sigmas_.push_back(sqrt_f64(1.0 - ab));
         // set_alpha_to_one: below timestep 0 the step lands on clean latents.
         target_alpha_bars_.push_back(t - stride >= 0 ? table[static_cast<size_t>(t - stride)] : 1.0);
+        lands_clean_.push_back(t - stride < 0);
       }
       // Step `steps` is the clean end. diffusers' last step lands on alpha_bar[0] instead of 1 when
       // train / steps has a fraction of at least 1/2 (e.g. 6 steps: 166 - 166); step() does as diffusers does.
@@ -301,7 +306,7 @@ torch::Tensor Sampler::predict_x0(const torch::Tensor& x, const torch::Tensor& m
 }
 
 torch::Tensor Sampler::step(const torch::Tensor& x, const torch::Tensor& model_output, int64_t i,
-                            SamplerHistory& history) const {
+                            SamplerHistory& history, const StepNoise& noise) const {
   check_pair(x, model_output);
   const int64_t n = steps();
   if (i < 0 || i >= n) fail("step " + std::to_string(i) + " outside [0, " + std::to_string(n) + ")");
@@ -312,6 +317,8 @@ torch::Tensor Sampler::step(const torch::Tensor& x, const torch::Tensor& model_o
     const float dt = static_cast<float>(sigmas_[u + 1]) - static_cast<float>(sigmas_[u]);
     return (x.to(torch::kFloat) + dt * model_output).to(x.scalar_type());
   }
+
+  if (options_.kind == SamplerKind::dpm) return dpm_step(x, model_output, i, history, noise);
 
   if (options_.kind == SamplerKind::ddim) {
     const torch::Tensor x0 = predict_x0(x, model_output, i);
@@ -383,6 +390,61 @@ torch::Tensor Sampler::step(const torch::Tensor& x, const torch::Tensor& model_o
   // The caller's latents may be a view into a larger buffer or be overwritten later: keep a copy of our own.
   history.last_sample = sample.is_same(x) ? x.clone() : sample;
   return x_next;
+}
+
+// CogVideoXDPMScheduler.step as CogVideoXPipeline calls it: the x0 prediction of the previous step and its
+// timestep (timesteps[i - 1]) make the second-order update. diffusers works out the coefficients on float64 0-d
+// tensors (its alpha_bar table is float64), so they are 0-d float64 tensors here too and meet the fp32 latents
+// through the same kernels. At timestep 999, where zero terminal SNR gives alpha_bar 0, lambda is -inf and h, r
+// infinite: IEEE arithmetic turns that into the first-order step from pure noise, as in diffusers.
+torch::Tensor Sampler::dpm_step(const torch::Tensor& x, const torch::Tensor& model_output, int64_t i,
+                                SamplerHistory& history, const StepNoise& noise) const {
+  if (!noise) fail("dpm adds noise at every step: step() needs a StepNoise");
+  const bool fresh = history.next_step < 0;
+  if (!fresh && history.next_step != i)
+    fail("dpm history expects step " + std::to_string(history.next_step) + ", got " + std::to_string(i) +
+         " (steps must be consecutive; clear() the history to restart)");
+  if (!fresh && history.outputs.empty()) fail("dpm history at step " + std::to_string(i) + " holds no earlier step");
+  const size_t u = static_cast<size_t>(i);
+  const auto draw = [&] {
+    torch::Tensor n = noise();
+    if (!n.defined() || n.sizes() != x.sizes()) {
+      std::ostringstream s;
+      s << "dpm step noise must have the latents' shape " << x.sizes() << ", got "
+        << (n.defined() ? n.sizes() : c10::IntArrayRef{});
+      fail(s.str());
+    }
+    return n;
+  };
+  const auto lambda = [](const torch::Tensor& ab) { return torch::pow(ab / (1 - ab), 0.5).log(); };
+
+  const torch::Tensor x0 = predict_x0(x, model_output, i);
+  const torch::Tensor ab = cpu_f64(alpha_bars_[u]), ab_prev = cpu_f64(target_alpha_bars_[u]);
+  const torch::Tensor lamb = lambda(ab);
+  const torch::Tensor h = lambda(ab_prev) - lamb;
+  const torch::Tensor mult1 = torch::pow((1 - ab_prev) / (1 - ab), 0.5) * (-h).exp();
+  const torch::Tensor mult2 = (-2 * h).expm1() * torch::pow(ab_prev, 0.5);
+  const torch::Tensor mult_noise = torch::pow(1 - ab_prev, 0.5) * torch::pow(1 - (-2 * h).exp(), 0.5);
+  // diffusers always takes the first-order step's draw, and keeps its result only on the first step (no earlier
+  // prediction) and on the step to the clean end.
+  torch::Tensor next = mult1 * x - mult2 * x0 + mult_noise * draw();
+  if (!fresh && !lands_clean_[u]) {
+    const torch::Tensor r = (lamb - lambda(cpu_f64(alpha_bars_[u - 1]))) / h;
+    const torch::Tensor mult3 = 1 + 1 / (2 * r), mult4 = 1 / (2 * r);
+    const torch::Tensor denoised = mult3 * x0 - mult4 * history.outputs.back();
+    next = mult1 * x - mult2 * denoised + mult_noise * draw();
+  }
+
+  if (fresh) history.clear();
+  history.next_step = i + 1;
+  history.outputs.clear();
+  history.output_steps.clear();
+  // Nothing can follow the last step: the prediction is not kept.
+  if (i + 1 < steps()) {
+    history.outputs.push_back(x0);
+    history.output_steps.push_back(i);
+  }
+  return next;
 }
 
 }  // namespace latent

@@ -1,5 +1,6 @@
 // The samplers against diffusers' schedulers (tests/fixtures/gen_sampler_fixtures.py), and their contract without
 // fixtures.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -51,6 +52,8 @@ struct Case {
   Prediction prediction;
   int64_t start;
   int64_t noised_step;
+  int64_t noise_seed;  // dpm: the seed of the CPU generator the scheduler drew from; -1 for the others
+  int64_t draws;       // how many noise tensors the run drew
 };
 
 std::vector<Case> fixture_cases() {
@@ -71,6 +74,8 @@ std::vector<Case> fixture_cases() {
     c.prediction = parse_prediction(field("prediction").as_string());
     c.start = field("start").as_int64();
     c.noised_step = field("noised_step").as_int64();
+    c.noise_seed = field("noise_seed").as_int64();
+    c.draws = field("draws").as_int64();
     out.push_back(c);
   }
   return out;
@@ -116,23 +121,33 @@ TEST(SamplerFixtures, SchedulesMatchDiffusers) {
 }
 
 // Every step runs the same fp32 kernels as diffusers on the same values: the trajectories agree to rounding, and
-// 1e-6 on samples of magnitude ~4 leaves room for only a few ulps.
+// 1e-6 on samples of magnitude ~4 leaves room for only a few ulps. dpm draws its step noise from a CPU generator
+// seeded as the fixture's, so the same draws in the same order give the same noise.
 TEST(SamplerFixtures, TrajectoriesMatchDiffusers) {
   LATENT_REQUIRE_SAMPLER_FIXTURES();
   for (const Case& c : fixture_cases()) {
     SCOPED_TRACE(c.name);
     const Sampler s(c.options, c.prediction);
+    EXPECT_EQ(s.needs_noise(), c.noise_seed >= 0);
     const torch::Tensor& expected = fixture(c.name + ".trajectory");
     ASSERT_EQ(expected.size(0), c.options.steps + 1 - c.start);
     torch::Tensor x = expected[0].clone();
+    at::Generator gen =
+        at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(std::max<int64_t>(c.noise_seed, 0)));
+    int64_t draws = 0;
+    const StepNoise noise = [&] {
+      ++draws;
+      return torch::randn(x.sizes(), gen, torch::kFloat);
+    };
     SamplerHistory history;
     double worst = 0;
     for (int64_t i = c.start; i < c.options.steps; ++i) {
-      x = s.step(x, model(x, s.timestep(i)), i, history);
+      x = s.step(x, model(x, s.timestep(i)), i, history, noise);
       const double d = max_abs_diff(x, expected[i + 1 - c.start]);
       EXPECT_LE(d, 1e-6) << "after step " << i;
       worst = std::max(worst, d);
     }
+    EXPECT_EQ(draws, c.draws);
     std::cout << "[ trajectory ] " << c.name << ": max |diff| " << worst << "\n";
   }
 }
@@ -187,7 +202,7 @@ TEST(SamplerSchedule, UnipcFlowSigmas) {
 }
 
 TEST(SamplerNames, RoundTripAndReject) {
-  for (auto k : {SamplerKind::euler, SamplerKind::unipc, SamplerKind::ddim})
+  for (auto k : {SamplerKind::euler, SamplerKind::unipc, SamplerKind::ddim, SamplerKind::dpm})
     EXPECT_EQ(parse_sampler_kind(sampler_kind_name(k)), k);
   for (auto p : {Prediction::flow, Prediction::v, Prediction::epsilon})
     EXPECT_EQ(parse_prediction(prediction_name(p)), p);
@@ -197,7 +212,7 @@ TEST(SamplerNames, RoundTripAndReject) {
   try {
     parse_sampler_kind("heun");
   } catch (const SamplerError& e) {
-    EXPECT_NE(std::string(e.what()).find("euler, unipc, ddim"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("euler, unipc, ddim, dpm"), std::string::npos) << e.what();
   }
 }
 
@@ -223,12 +238,117 @@ TEST(SamplerErrors, PredictionMustFitKind) {
   EXPECT_THROW(make(SamplerKind::ddim, 10, Prediction::flow), SamplerError);
   EXPECT_NO_THROW(make(SamplerKind::ddim, 10, Prediction::v));
   EXPECT_NO_THROW(make(SamplerKind::ddim, 10, Prediction::epsilon));
+  EXPECT_THROW(make(SamplerKind::dpm, 10, Prediction::flow), SamplerError);
+  EXPECT_NO_THROW(make(SamplerKind::dpm, 10, Prediction::v));
+  EXPECT_NO_THROW(make(SamplerKind::dpm, 10, Prediction::epsilon));
+}
+
+// A seeded stream of unit Gaussian noise shaped like `like`, counting its draws.
+struct CountedNoise {
+  at::Generator gen;
+  int64_t draws = 0;
+  explicit CountedNoise(uint64_t seed) : gen(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+  StepNoise of(const torch::Tensor& like) {
+    return [this, sizes = like.sizes().vec()] {
+      ++draws;
+      return torch::randn(sizes, gen, torch::kFloat);
+    };
+  }
+};
+
+TEST(SamplerDpm, SharesDdimSchedule) {
+  for (double snr : {1.0, 3.0}) {
+    SamplerOptions o;
+    o.kind = SamplerKind::ddim;
+    o.steps = 50;
+    o.snr_shift_scale = snr;
+    const Sampler ddim(o, Prediction::v);
+    o.kind = SamplerKind::dpm;
+    const Sampler dpm(o, Prediction::v);
+    EXPECT_EQ(ddim.timesteps(), dpm.timesteps());
+    EXPECT_EQ(ddim.sigmas(), dpm.sigmas());
+    EXPECT_FALSE(ddim.needs_noise());
+    EXPECT_TRUE(dpm.needs_noise());
+  }
+}
+
+TEST(SamplerDpm, NeedsNoiseOfTheLatentsShape) {
+  const Sampler s = make(SamplerKind::dpm, 10, Prediction::v);
+  const torch::Tensor x = latents(11);
+  SamplerHistory h;
+  EXPECT_THROW(s.step(x, model(x, s.timestep(0)), 0, h), SamplerError);
+  EXPECT_THROW(s.step(x, model(x, s.timestep(0)), 0, h, [] { return torch::zeros({1, 4, 3, 6}); }), SamplerError);
+  EXPECT_THROW(s.step(x, model(x, s.timestep(0)), 0, h, [] { return torch::Tensor(); }), SamplerError);
+  EXPECT_EQ(h.next_step, -1);  // a refused step leaves the history alone
+}
+
+// One draw at the first step and at the step to the clean end, two at each second-order step between.
+TEST(SamplerDpm, DrawsAsDiffusers) {
+  for (int64_t steps : {1, 2, 6, 10}) {
+    SCOPED_TRACE(steps);
+    const Sampler s = make(SamplerKind::dpm, steps, Prediction::v);
+    CountedNoise noise(5);
+    torch::Tensor x = latents(12);
+    SamplerHistory h;
+    for (int64_t i = 0; i < steps; ++i) x = s.step(x, model(x, s.timestep(i)), i, h, noise.of(x));
+    // 6 steps (stride 166) end on alpha_bar[0], not the clean end: that last step is second order too.
+    const int64_t expected = steps == 1 ? 1 : steps == 6 ? 2 * steps - 1 : 2 * steps - 2;
+    EXPECT_EQ(noise.draws, expected);
+    EXPECT_TRUE(x.isfinite().all().item<bool>());
+  }
+}
+
+// The same seed gives the same trajectory; another gives another.
+TEST(SamplerDpm, SeedDecides) {
+  const Sampler s = make(SamplerKind::dpm, 8, Prediction::v);
+  auto run = [&](uint64_t seed) {
+    CountedNoise noise(seed);
+    torch::Tensor x = latents(13);
+    SamplerHistory h;
+    for (int64_t i = 0; i < 8; ++i) x = s.step(x, model(x, s.timestep(i)), i, h, noise.of(x));
+    return x;
+  };
+  EXPECT_TRUE(torch::equal(run(1), run(1)));
+  EXPECT_FALSE(torch::equal(run(1), run(2)));
+}
+
+TEST(SamplerDpm, StepsMustBeConsecutive) {
+  const Sampler s = make(SamplerKind::dpm, 10, Prediction::v);
+  torch::Tensor x = latents(14);
+  CountedNoise noise(3);
+  SamplerHistory h;
+  x = s.step(x, model(x, s.timestep(0)), 0, h, noise.of(x));
+  EXPECT_EQ(h.next_step, 1);
+  EXPECT_EQ(h.output_steps, (std::vector<int64_t>{0}));
+  EXPECT_THROW(s.step(x, model(x, s.timestep(2)), 2, h, noise.of(x)), SamplerError);
+  EXPECT_NO_THROW(s.step(x, model(x, s.timestep(1)), 1, h, noise.of(x)));
+  h.clear();
+  EXPECT_NO_THROW(s.step(x, model(x, s.timestep(5)), 5, h, noise.of(x)));  // cleared: fresh again
+}
+
+// The deterministic samplers never ask for noise, whatever is passed.
+TEST(SamplerStep, DeterministicSamplersDrawNothing) {
+  for (auto [kind, p] :
+       {std::pair{SamplerKind::euler, Prediction::flow}, std::pair{SamplerKind::unipc, Prediction::flow},
+        std::pair{SamplerKind::ddim, Prediction::v}}) {
+    SCOPED_TRACE(sampler_kind_name(kind));
+    const Sampler s = make(kind, 5, p);
+    torch::Tensor with = latents(15), without = with.clone();
+    SamplerHistory h1, h2;
+    CountedNoise noise(1);
+    for (int64_t i = 0; i < 5; ++i) {
+      with = s.step(with, model(with, s.timestep(i)), i, h1, noise.of(with));
+      without = s.step(without, model(without, s.timestep(i)), i, h2);
+    }
+    EXPECT_EQ(noise.draws, 0);
+    EXPECT_TRUE(torch::equal(with, without));
+  }
 }
 
 TEST(SamplerErrors, StepOutOfRangeAndShapes) {
   for (auto [kind, p] :
        {std::pair{SamplerKind::euler, Prediction::flow}, std::pair{SamplerKind::unipc, Prediction::flow},
-        std::pair{SamplerKind::ddim, Prediction::v}}) {
+        std::pair{SamplerKind::ddim, Prediction::v}, std::pair{SamplerKind::dpm, Prediction::v}}) {
     SCOPED_TRACE(sampler_kind_name(kind));
     const Sampler s = make(kind, 8, p);
     const torch::Tensor x = latents(1);
@@ -288,7 +408,7 @@ TEST(SamplerUnipc, FreshHistoryAtMiddleStep) {
   EXPECT_EQ(h.lower_order_count, 2);
 }
 
-TEST(SamplerHistoryBytes, OnlyUnipcRemembers) {
+TEST(SamplerHistoryBytes, OnlyMultistepSamplersRemember) {
   const torch::Tensor x = latents(6);
   const size_t one = static_cast<size_t>(x.nbytes());
   {
@@ -304,6 +424,18 @@ TEST(SamplerHistoryBytes, OnlyUnipcRemembers) {
     y = s.step(y, model(y, s.timestep(3)), 3, h);
     EXPECT_EQ(h.bytes(), 0u);  // nothing can follow the last step
   }
+  {
+    const Sampler s = make(SamplerKind::dpm, 4, Prediction::v);
+    CountedNoise noise(2);
+    SamplerHistory h;
+    torch::Tensor y = x;
+    for (int64_t i = 0; i < 3; ++i) {
+      y = s.step(y, model(y, s.timestep(i)), i, h, noise.of(y));
+      EXPECT_EQ(h.bytes(), one);  // the one x0 prediction
+    }
+    y = s.step(y, model(y, s.timestep(3)), 3, h, noise.of(y));
+    EXPECT_EQ(h.bytes(), 0u);
+  }
   for (auto [kind, p] :
        {std::pair{SamplerKind::euler, Prediction::flow}, std::pair{SamplerKind::ddim, Prediction::v}}) {
     const Sampler s = make(kind, 4, p);
@@ -317,15 +449,17 @@ TEST(SamplerHistoryBytes, OnlyUnipcRemembers) {
 TEST(SamplerStep, LeavesInputsAlone) {
   for (auto [kind, p] :
        {std::pair{SamplerKind::euler, Prediction::flow}, std::pair{SamplerKind::unipc, Prediction::flow},
-        std::pair{SamplerKind::ddim, Prediction::v}, std::pair{SamplerKind::ddim, Prediction::epsilon}}) {
+        std::pair{SamplerKind::ddim, Prediction::v}, std::pair{SamplerKind::ddim, Prediction::epsilon},
+        std::pair{SamplerKind::dpm, Prediction::v}, std::pair{SamplerKind::dpm, Prediction::epsilon}}) {
     SCOPED_TRACE(std::string(sampler_kind_name(kind)) + " " + prediction_name(p));
     const Sampler s = make(kind, 6, p);
     SamplerHistory h;
+    CountedNoise noise(7);
     torch::Tensor x = latents(7);
     for (int64_t i = 1; i < 6; ++i) {  // from step 1: epsilon has no x0 at step 0
       const torch::Tensor out = model(x, s.timestep(i));
       const torch::Tensor x_before = x.clone(), out_before = out.clone();
-      torch::Tensor y = s.step(x, out, i, h);
+      torch::Tensor y = s.step(x, out, i, h, noise.of(x));
       EXPECT_TRUE(torch::equal(x, x_before)) << "step " << i;
       EXPECT_TRUE(torch::equal(out, out_before)) << "step " << i;
       const torch::Tensor x0 = s.predict_x0(x, out, i);
@@ -358,12 +492,12 @@ TEST(SamplerStep, NoiseToFollowsSigma) {
   const torch::Tensor x0 = latents(8), n = latents(9);
   for (auto [kind, p] :
        {std::pair{SamplerKind::euler, Prediction::flow}, std::pair{SamplerKind::unipc, Prediction::flow},
-        std::pair{SamplerKind::ddim, Prediction::v}}) {
+        std::pair{SamplerKind::ddim, Prediction::v}, std::pair{SamplerKind::dpm, Prediction::v}}) {
     SCOPED_TRACE(sampler_kind_name(kind));
     const Sampler s = make(kind, 10, p);
     for (int64_t i = 0; i <= 10; ++i) {
       const double sg = s.sigma(i);
-      const double a = kind == SamplerKind::ddim ? std::sqrt(1 - sg * sg) : 1 - sg;
+      const double a = kind == SamplerKind::ddim || kind == SamplerKind::dpm ? std::sqrt(1 - sg * sg) : 1 - sg;
       EXPECT_LE(max_abs_diff(s.noise_to(x0, n, i), a * x0 + sg * n), 1e-5) << "step " << i;
     }
   }
