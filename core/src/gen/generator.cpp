@@ -122,11 +122,8 @@ torch::Tensor Denoising::evaluate(const ModelCall& call, bool uncond, parallel::
   const torch::Tensor timesteps = torch::tensor(levels).view({1, -1});
   check_interrupted();
   const torch::Tensor& text = uncond ? negative_text_ : text_;
-  // The one place a sequence group reaches the model. Until Denoiser::predict takes one, a plan with Ulysses
-  // ranks is refused before any rank runs (ParallelPlan checks), so none arrives here.
-  if (sequence_group != nullptr)
-    throw std::logic_error("generator: this build's denoisers take no sequence group (Ulysses)");
-  return model_.predict(call.x, timesteps, text);
+  // A group's ranks all get here with the same call: they share the one prediction (Ulysses).
+  return model_.predict(call.x, timesteps, text, sequence_group);
 }
 
 torch::Tensor Denoising::guide(const torch::Tensor& cond, const torch::Tensor& uncond) const {
