@@ -1,5 +1,6 @@
-// Published weights, where the machine has them: LATENT_WAN21_VAE and LATENT_COGVIDEOX_VAE name a diffusers
-// folder (or a .safetensors / Wan2.1_VAE.pth file). The tests skip when the variable is unset.
+// Published weights, where the machine has them: LATENT_WAN21_VAE, LATENT_WAN22_VAE and LATENT_COGVIDEOX_VAE name a
+// diffusers folder (or a .safetensors / Wan2.1_VAE.pth / Wan2.2_VAE.pth file). The tests skip when the variable is
+// unset.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -30,14 +31,14 @@ double psnr(const torch::Tensor& a, const torch::Tensor& b) {
   return 10 * std::log10(4.0 / std::max(mse, 1e-12));  // signals span [-1, 1]
 }
 
-void round_trip(const char* env, const std::string& family) {
+void round_trip(const char* env, const std::string& family, int64_t channels = 16) {
   const char* path = std::getenv(env);
   if (!path) GTEST_SKIP() << env << " unset: no published " << family << " weights on this machine";
   LoadOptions opt;
   opt.device = resolve_device("auto");
   auto vae = load_vae(path, opt);
   EXPECT_EQ(vae->spec().family, family);
-  EXPECT_EQ(vae->spec().latent_channels, 16);
+  EXPECT_EQ(vae->spec().latent_channels, channels);
   auto frames = moving_gradient(17, 128, 192);
   auto enc = latent::testing::encode_all(vae, frames.to(opt.device), 5);
   EXPECT_EQ(enc.latents.size(0), 5);
@@ -52,4 +53,5 @@ void round_trip(const char* env, const std::string& family) {
 }  // namespace
 
 TEST(RealModels, Wan21RoundTrip) { round_trip("LATENT_WAN21_VAE", "wan2.1"); }
+TEST(RealModels, Wan22RoundTrip) { round_trip("LATENT_WAN22_VAE", "wan2.2", 48); }
 TEST(RealModels, CogVideoXRoundTrip) { round_trip("LATENT_COGVIDEOX_VAE", "cogvideox"); }

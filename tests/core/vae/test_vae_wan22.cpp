@@ -253,6 +253,28 @@ TEST(Wan22Vae, DamagedWeightsAreAModelError) {
   fs::remove_all(dir);
 }
 
+// The shortcuts carry nothing between chunks: what a stream holds stays the same however long the clip runs.
+TEST(Wan22Vae, StateDoesNotGrowWithTheClip) {
+  LATENT_REQUIRE_FIXTURES();
+  StreamingEncoder enc(wan22());
+  StreamingDecoder dec(wan22());
+  std::vector<size_t> enc_bytes, dec_bytes;
+  for (int i = 0; i < 6; ++i) {
+    auto e = enc.push(torch::rand({4, 3, 32, 48}) * 2 - 1);
+    if (e.latents.defined()) dec.push(e.latents);
+    if (i >= 2) {
+      enc_bytes.push_back(enc.state_bytes());
+      dec_bytes.push_back(dec.state_bytes());
+    }
+  }
+  EXPECT_GT(enc_bytes[0], 0u);
+  EXPECT_GT(dec_bytes[0], 0u);
+  for (size_t i = 1; i < enc_bytes.size(); ++i) {
+    EXPECT_EQ(enc_bytes[i], enc_bytes[0]);
+    EXPECT_EQ(dec_bytes[i], dec_bytes[0]);
+  }
+}
+
 // Bands of latent rows stay whole 2x2 blocks at every level, so the patchify and the shortcuts need no halo; the
 // convolutions and the attention exchange rows as for Wan 2.1.
 TEST(Wan22Vae, PatchParallelEqualsOneDevice) {
