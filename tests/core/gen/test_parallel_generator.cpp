@@ -3,7 +3,12 @@
 // rolling with idle ranks, both together on four ranks; plans that do not fit, a rank that fails mid-iteration, an
 // interrupt, and an executor that skips the exchange (which the comparisons must catch).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -16,7 +21,10 @@
 
 #include "gen/parallel_executor.h"
 #include "latent/gen/parallel_generator.h"
+#include "latent/io/safetensors.h"
 #include "latent/io/weights.h"
+
+extern char** environ;
 
 using namespace latent;
 using namespace std::chrono_literals;
@@ -394,4 +402,77 @@ TEST(ParallelGenerator, EveryRankEndsWithTheFailingRanksError) {
   for (int r : {0, 2})
     EXPECT_NE(errors[size_t(r)].find("rank 1 (cpu) failed: out of memory on purpose"), std::string::npos)
         << errors[size_t(r)];
+}
+
+// ---- processes ----------------------------------------------------------------------------------------------
+
+// One rank of a two-process group (torchrun's variables), run by the test below through /proc/self/exe.
+TEST(ParallelGeneratorChild, OneRank) {
+  const char* out = std::getenv("LATENT_TEST_GEN_RANK_OUT");
+  if (!out) GTEST_SKIP() << "run by ParallelGeneratorProcesses";
+  const auto env = parallel::LaunchEnv::read();
+  auto comms = parallel::join_tcp(env.host, env.port, env.rank, env.world, torch::kCPU, {.timeout = 60s});
+  auto g = make_rank_generator(small_model(), small_options(ScheduleKind::fifo), {.partitions = 2}, comms.collectives);
+  const torch::Tensor latents = run_all(*g);
+  SafetensorsWriter w(std::string(out) + "." + std::to_string(env.rank), {.durable = false});
+  w.write("latents", latents);
+  w.commit();
+}
+
+namespace {
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+pid_t spawn_rank(int rank, int world, int port, const fs::path& out) {
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.push_back(*e);
+  for (const std::string& v :
+       {"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+        std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+        "LATENT_TEST_GEN_RANK_OUT=" + out.string(), std::string("OMP_NUM_THREADS=1")})
+    env_s.push_back(v);
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = fs::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=ParallelGeneratorChild.*";
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  return pid;
+}
+
+}  // namespace
+
+// make_rank_generator over a TCP group of two processes: fifo partitions 2, both ranks give one device's frames.
+TEST(ParallelGeneratorProcesses, TwoProcessesEqualOneDevice) {
+  LATENT_REQUIRE("LATENT_SMALL_DENOISER_FIXTURES");
+  const fs::path out = fs::temp_directory_path() / ("latent-pg-" + std::to_string(::getpid()));
+  const int port = free_port();
+  const pid_t a = spawn_rank(0, 2, port, out), b = spawn_rank(1, 2, port, out);
+  int sa = 0, sb = 0;
+  ::waitpid(a, &sa, 0);
+  ::waitpid(b, &sb, 0);
+  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << "rank 0";
+  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << "rank 1";
+  Generator one(small_model(), small_options(ScheduleKind::fifo));
+  const torch::Tensor want = run_all(one);
+  for (int r : {0, 1}) {
+    const fs::path file = out.string() + "." + std::to_string(r);
+    const double err = rel_error(SafetensorsFile::open(file).tensor("latents"), want);
+    std::printf("2 processes, fifo 2 partitions, rank %d: max rel diff %.3g\n", r, err);
+    EXPECT_LE(err, kRelTolerance) << "rank " << r;
+    fs::remove(file);
+  }
 }

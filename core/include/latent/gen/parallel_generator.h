@@ -44,7 +44,7 @@ struct ParallelPlan {
   int call_groups() const { return cfg * partitions; }
 };
 
-// "4 ranks: cfg 2 x 2 partitions", for logs.
+// "4 ranks: cfg 2 x ulysses 1 x 2 partitions", for logs.
 std::string describe_plan(const ParallelPlan& plan);
 
 // Throws std::invalid_argument naming what does not fit: a degree below 1, cfg other than 1 or 2, cfg 2 without
@@ -52,11 +52,11 @@ std::string describe_plan(const ParallelPlan& plan);
 // or not a multiple of the degree, more fifo call groups than its iteration has evaluations.
 void check_plan(const ParallelPlan& plan, const GeneratorOptions& options, const DenoiserSpec& spec, int64_t heads = 0);
 
-// A plan for `devices` ranks: CFG 2 where guidance is on, times a Ulysses degree dividing `heads` (0: the model
-// cannot share a prediction; Denoiser::attention_heads()) or fifo partitions; else Ulysses alone, else fifo partitions
-// alone. fifo prefers partitions to Ulysses (one exchange per iteration against two all-to-alls per layer). `steps` and
-// `window` (0: the spec's) give fifo's number of partitions. Throws std::invalid_argument listing the device counts
-// that work.
+// A plan for `devices` ranks: CFG 2 where guidance is on (and the model takes text), the other half split into fifo
+// partitions where fifo has that many (ceil(steps / window); `steps` and `window` 0 take the spec's), else into a
+// Ulysses degree dividing `heads` (Denoiser::attention_heads(); 0: none). Without CFG, all the devices split the same
+// way. fifo prefers partitions to Ulysses: one exchange per iteration against two all-to-alls per layer. Throws
+// std::invalid_argument listing the device counts that work.
 ParallelPlan choose_plan(int devices, const DenoiserSpec& spec, double guidance, int64_t heads, ScheduleKind schedule,
                          int64_t steps = 0, int64_t window = 0);
 
@@ -65,8 +65,8 @@ ParallelPlan choose_plan(int devices, const DenoiserSpec& spec, double guidance,
 // rank's) and, where plan.ulysses > 1, `sequence_group` (over this rank's call group: ranks
 // [g * ulysses, (g + 1) * ulysses)). Every rank makes one with identical options and calls next(), reset() and
 // the rest in the same order. A rank whose next() throws aborts `world`, so the others throw ParallelError with its
-// cause instead of waiting; the group is then spent: form a new one and new generators. Untested across processes
-// (the thread ranks of ParallelGenerator run the same executor).
+// cause instead of waiting; the group is then spent: form a new one and new generators. A sequence group of processes
+// is a TCP group of its own (join_tcp on another port); Communicator has no split.
 std::unique_ptr<Generator> make_rank_generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions options,
                                                const ParallelPlan& plan, std::shared_ptr<parallel::Communicator> world,
                                                std::shared_ptr<parallel::Communicator> sequence_group = nullptr);
