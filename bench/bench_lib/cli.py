@@ -386,6 +386,8 @@ def machine_info(device):
 def build_latent_bench(args, name="latent-bench"):
     if args.latent_bench and name == "latent-bench":
         return args.latent_bench
+    if args.latent_gen_bench and name == "latent-gen-bench":
+        return args.latent_gen_bench
     build = os.path.join(TOP, args.build_dir)
     binary = os.path.join(build, "bench", name)
     if not args.no_build and os.path.exists(os.path.join(build, "build.ninja")):
@@ -446,6 +448,9 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(TOP, "docs", "perf"), help="results, tables and plots")
     p.add_argument("--build-dir", default="build")
     p.add_argument("--latent-bench", default="", help="the latent-bench binary (default: build it in --build-dir)")
+    p.add_argument("--latent-gen-bench", default="",
+                   help="the latent-gen-bench binary of --generate (default: build it in --build-dir); a copy with "
+                        "its library beside it (core/) keeps a rebuild from replacing the code under a measurement")
     p.add_argument("--no-build", action="store_true", help="do not run ninja for latent-bench")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--render", metavar="RESULTS.json",
@@ -469,8 +474,11 @@ def main(argv=None):
     if args.native and mode_name != "generate":
         p.error("--native goes with --generate")
     if mode_name == "generate":
-        binary = build_latent_bench(args, "latent-gen-bench")
+        binary = "" if args.render else build_latent_bench(args, "latent-gen-bench")
         if args.native:
+            if args.render:
+                with open(args.render) as f:
+                    return native_generation.render(json.load(f), args.out)
             return native_generation.run(args, binary, args.out)
         return generation.run(args, binary, args.out)
     mode = MODES[mode_name]
