@@ -78,7 +78,9 @@ class ParallelExecutor;
 class ParallelGenerator {
  public:
   // Throws std::invalid_argument where the plan does not fit (check_plan), the ranks' denoisers differ in kind, or
-  // the options do not fit them (as Generator does).
+  // the options do not fit them (as Generator does). A rank with less work waits for the others in the exchange:
+  // group.timeout must exceed the longest share of an iteration's evaluations (a guided call of a large model at a
+  // large size takes tens of seconds).
   ParallelGenerator(std::vector<std::shared_ptr<const Denoiser>> per_rank, GeneratorOptions options, ParallelPlan plan,
                     parallel::GroupOptions group = {});
   ~ParallelGenerator();
