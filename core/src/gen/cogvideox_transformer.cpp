@@ -94,7 +94,8 @@ CogConfig parse_config(const json::Value& v, const std::string& where) {
 }
 
 // The sampler CogVideoXPipeline would use: scheduler/scheduler_config.json where the folder has one, else what
-// the published folders ship (the DDIM of CogVideoX-2b; the 5B's snr_shift_scale where the model is 5B-like).
+// the published folders ship (CogVideoX-2b's DDIM; the 5B's DPM with its snr_shift_scale where the model is
+// 5B-like).
 struct SchedulerChoice {
   SamplerOptions sampler;
   Prediction prediction = Prediction::v;
@@ -102,7 +103,7 @@ struct SchedulerChoice {
 
 SchedulerChoice parse_scheduler(const fs::path& file, bool rope) {
   SchedulerChoice c;
-  c.sampler.kind = SamplerKind::ddim;
+  c.sampler.kind = rope ? SamplerKind::dpm : SamplerKind::ddim;
   c.sampler.steps = 50;  // CogVideoXPipeline's num_inference_steps
   c.sampler.snr_shift_scale = rope ? 1.0 : 3.0;
   c.sampler.train_timesteps = 1000;
@@ -113,7 +114,7 @@ SchedulerChoice parse_scheduler(const fs::path& file, bool rope) {
   if (cls != "CogVideoXDDIMScheduler" && cls != "CogVideoXDPMScheduler")
     throw ModelError(file.string() + ": scheduler \"" + cls +
                      "\" is not supported for CogVideoX (CogVideoXDDIMScheduler or CogVideoXDPMScheduler)");
-  // The sampler's ddim fixes what the published configs set; anything else would be a different schedule.
+  // The sampler's ddim and dpm fix what the published configs set; anything else would be a different schedule.
   const auto require = [&](const std::string& key, const std::string& want, const std::string& fallback) {
     const std::string got = r.string(key, fallback);
     if (got != want) r.fail(key, "= \"" + got + "\": only \"" + want + "\" is supported");
@@ -143,9 +144,9 @@ SchedulerChoice parse_scheduler(const fs::path& file, bool rope) {
     c.prediction = Prediction::epsilon;
   else
     r.fail("prediction_type", "= \"" + pred + "\": only \"v_prediction\" and \"epsilon\" are supported");
-  // CogVideoXDPMScheduler (the 5B folders') has the same noise schedule and timesteps; its stochastic
-  // second-order step is replaced by the deterministic DDIM step on that schedule.
-  c.sampler.kind = SamplerKind::ddim;
+  // CogVideoXDPMScheduler (the 5B folders') has the same noise schedule and timesteps and its own stochastic
+  // second-order step. The pipeline's eta reaches neither scheduler's update, so there is no setting for it.
+  c.sampler.kind = cls == "CogVideoXDPMScheduler" ? SamplerKind::dpm : SamplerKind::ddim;
   return c;
 }
 
@@ -443,6 +444,8 @@ std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& fold
   spec.native_height = cfg.sample_height;
   spec.native_width = cfg.sample_width;
   spec.per_frame_timesteps = false;
+  // CogVideoXPipeline draws its noise for latents [1, T, C, h, w].
+  spec.noise_frames_first = true;
 
   WeightSource src = read_safetensors_folder(folder.transformer, "diffusion_pytorch_model");
   auto model = std::make_shared<CogVideoXTransformer>(cfg, std::move(spec), src, opt);

@@ -69,7 +69,7 @@ size_t Generator::latent_bytes_lower_bound(const GeneratorOptions& o, int64_t ch
                        : o.schedule == ScheduleKind::clip ? std::max<int64_t>(o.frames, 1)
                                                           : window;
   const int64_t in_calls = o.schedule == ScheduleKind::fifo ? queue * 2 + window : window * 3;
-  const size_t per_frame_state = o.sampler.kind == SamplerKind::unipc ? 3 : 1;
+  const size_t per_frame_state = o.sampler.kind == SamplerKind::unipc ? 3 : o.sampler.kind == SamplerKind::dpm ? 2 : 1;
   return frame * (size_t(held) * per_frame_state + size_t(in_calls));
 }
 
@@ -97,6 +97,7 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
       channels_(model.spec().channels),
       height_(height),
       width_(width),
+      frames_first_(model.spec().noise_frames_first),
       cpu_generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)),
       executor_(executor ? std::move(executor) : make_local_executor()) {
   // Moved to the model once, not at every call.
@@ -136,8 +137,15 @@ void Denoising::check_interrupted() const {
 }
 
 torch::Tensor Denoising::noise(int64_t frames) {
-  torch::Tensor n = torch::randn({1, channels_, frames, height_, width_}, cpu_generator_, torch::kFloat);
-  return n.to(model_.device());
+  if (!frames_first_)
+    return torch::randn({1, channels_, frames, height_, width_}, cpu_generator_, torch::kFloat).to(model_.device());
+  return torch::randn({1, frames, channels_, height_, width_}, cpu_generator_, torch::kFloat)
+      .permute({0, 2, 1, 3, 4})
+      .to(model_.device());
+}
+
+StepNoise Denoising::step_noise(const torch::Tensor& x) {
+  return [this, frames = x.size(2)] { return noise(frames); };
 }
 
 torch::Tensor Denoising::clip_noise(int64_t frames) {

@@ -48,8 +48,11 @@ class Denoising {
   // The guided prediction for each call, through the executor.
   std::vector<torch::Tensor> predict(const std::vector<ModelCall>& calls);
   torch::Tensor predict(const torch::Tensor& x, const std::vector<int64_t>& steps);
-  // Unit Gaussian noise [1, C, frames, h, w], drawn on the CPU so every device gets the same numbers.
+  // Unit Gaussian noise [1, C, frames, h, w], drawn on the CPU so every device gets the same numbers (in the
+  // denoiser's DenoiserSpec::noise_frames_first layout, then permuted).
   torch::Tensor noise(int64_t frames);
+  // The sampler's step noise for latents x [1, C, T, h, w], drawn from the same stream when the step asks.
+  StepNoise step_noise(const torch::Tensor& x);
   // The clip schedule's starting noise: GeneratorOptions::initial_noise where set, else noise(frames).
   torch::Tensor clip_noise(int64_t frames);
   void reseed(uint64_t seed);
@@ -81,6 +84,7 @@ class Denoising {
   torch::Tensor text_, negative_text_;
   torch::Tensor initial_noise_;
   int64_t channels_, height_, width_;
+  bool frames_first_;
   torch::Generator cpu_generator_;
   std::unique_ptr<CallExecutor> executor_;
   std::atomic<int64_t> calls_{0};  // read by stats from other threads

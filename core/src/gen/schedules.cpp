@@ -28,7 +28,7 @@ class ClipSchedule final : public Schedule {
     SamplerHistory history;
     for (int64_t i = 0; i < sampler.steps(); ++i) {
       torch::Tensor out = d.predict(x, std::vector<int64_t>(frames_, i));
-      x = sampler.step(x, out, i, history);
+      x = sampler.step(x, out, i, history, d.step_noise(x));
     }
     done_ = true;
     return frames_of(x, 0);
@@ -81,7 +81,7 @@ class FifoSchedule final : public Schedule {
     for (size_t c = 0; c < calls.size(); ++c) {
       for (size_t j = 0; j < calls[c].steps.size(); ++j) {
         Slot& s = queue[starts[c] + j];
-        s.x = sampler.step(s.x, outs[c].narrow(2, static_cast<int64_t>(j), 1), s.step, s.history);
+        s.x = sampler.step(s.x, outs[c].narrow(2, static_cast<int64_t>(j), 1), s.step, s.history, d.step_noise(s.x));
         ++s.step;
       }
     }
@@ -133,7 +133,7 @@ class RollingSchedule final : public Schedule {
       std::fill(steps.begin() + carried, steps.end(), i);
       torch::Tensor input = carried > 0 ? torch::cat({context_frames_, x}, 2) : x;
       torch::Tensor out = d.predict(input, steps);
-      x = sampler.step(x, out.narrow(2, carried, fresh), i, history);
+      x = sampler.step(x, out.narrow(2, carried, fresh), i, history, d.step_noise(x));
     }
     std::vector<GeneratedFrame> made = frames_of(x, made_);
     made_ += fresh;

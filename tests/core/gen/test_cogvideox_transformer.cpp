@@ -154,6 +154,57 @@ TEST(CogVideoXTransformer, ClipEqualsDiffusersPipeline) {
   }
 }
 
+// A seed instead of latents=: CogVideoXPipeline(generator=torch.Generator().manual_seed(seed)) draws its starting
+// noise for [1, T, C, h, w] latents and, with CogVideoXDPMScheduler, one or two more such tensors per step, from
+// that CPU generator. The Generator draws every tensor in that layout from its seeded CPU stream, so the same seed
+// gives the same noise; what is left is each model call's few 1e-7 (above), carried through guidance and the
+// steps as in ClipEqualsDiffusersPipeline. DPM's extra noise enters linearly and is the same on both sides, so the
+// bound is the same. A wrong layout or a draw too many or too few changes the result by its own scale.
+TEST(CogVideoXTransformer, ClipFromSeedEqualsDiffusersPipeline) {
+  LATENT_REQUIRE_COGVIDEOX_FIXTURES();
+  const uint64_t seed = std::stoull(cases().metadata.at("pipe_seed"));
+  const json::Value runs = json::parse(cases().metadata.at("seeded"));
+  ASSERT_EQ(runs.as_array().size(), 7u);
+  for (const auto& run : runs.as_array()) {
+    const std::string folder = run.find("folder")->as_string(), variant = run.find("variant")->as_string();
+    const int64_t steps = run.find("steps")->as_int64(), guidance = run.find("guidance")->as_int64();
+    const std::string pipe = "pipe." + variant;
+    GeneratorOptions o;
+    o.schedule = ScheduleKind::clip;
+    o.sampler = model(folder)->spec().sampler;
+    o.sampler.steps = steps;
+    o.frames = 3;
+    o.height = 6;
+    o.width = 8;
+    o.guidance = static_cast<double>(guidance);
+    o.text = tensor(pipe + ".text");
+    o.negative_text = tensor(pipe + ".negative_text");
+    o.seed = seed;
+    Generator g(model(folder), o);
+    const auto all_frames = [&] {
+      std::vector<torch::Tensor> latents;
+      while (!g.finished())
+        for (auto& f : g.next()) latents.push_back(f.latent);
+      return torch::cat(latents, 2);
+    };
+    const torch::Tensor got = all_frames();
+    const std::string key = "seeded." + folder + ".n" + std::to_string(steps) + ".g" + std::to_string(guidance);
+    const torch::Tensor want = tensor(key + ".latents").permute({0, 2, 1, 3, 4});
+    const double err = rel_error(got, want);
+    std::printf(
+        "%s: clip, %s, %lld steps, guidance %lld, seed %llu: max |C++ - CogVideoXPipeline| / max |pipeline| "
+        "= %.3g\n",
+        folder.c_str(), sampler_kind_name(o.sampler.kind), static_cast<long long>(steps),
+        static_cast<long long>(guidance), static_cast<unsigned long long>(seed), err);
+    EXPECT_LE(err, 1e-4) << key;
+    g.reset();
+    EXPECT_TRUE(torch::equal(all_frames(), got)) << key << ": the seed again";
+    g.reset(seed + 1);
+    EXPECT_GT(rel_error(all_frames(), want), 1e-2) << key << ": another seed";
+  }
+  EXPECT_EQ(model("rope-dpm")->spec().sampler.kind, SamplerKind::dpm);
+}
+
 // The same weights from shards, and from the transformer folder alone. Shards put the tensors at other offsets of
 // their mapped files, and the CPU kernels' vector loops round differently on data of another alignment: here the
 // sharded copy gives diffusers' output bit for bit and the single file a few 1e-7 from it. 1e-6 tells that apart
@@ -189,12 +240,17 @@ TEST(CogVideoXTransformer, Spec) {
     EXPECT_EQ(s.native_width, 8);
     EXPECT_EQ(s.temporal_factor, 4);
     EXPECT_FALSE(s.per_frame_timesteps);
+    EXPECT_TRUE(s.noise_frames_first);
     EXPECT_EQ(s.sampler.kind, SamplerKind::ddim);
     EXPECT_EQ(s.sampler.steps, 50);
     EXPECT_EQ(s.sampler.train_timesteps, 1000);
   }
   EXPECT_EQ(model("sincos")->spec().sampler.snr_shift_scale, 3.0);
   EXPECT_EQ(model("rope")->spec().sampler.snr_shift_scale, 1.0);
+  const SamplerOptions dpm = model("rope-dpm")->spec().sampler;
+  EXPECT_EQ(dpm.kind, SamplerKind::dpm);
+  EXPECT_EQ(dpm.snr_shift_scale, 1.0);
+  EXPECT_EQ(dpm.steps, 50);
 }
 
 TEST(CogVideoXTransformer, RejectsBadInput) {
@@ -347,9 +403,11 @@ TEST_F(CogVideoXFolder, WeightErrorsNamed) {
 TEST_F(CogVideoXFolder, SchedulerConfigRead) {
   edit_json(scheduler(), [](json::Object& o) { set(o, "snr_shift_scale", json::Value::real(2.5)); });
   EXPECT_EQ(load_denoiser(dir_ / "pipeline")->spec().sampler.snr_shift_scale, 2.5);
-  // The 5B folders' scheduler: the same schedule, stepped by DDIM.
+  // The 5B folders' scheduler: the same schedule, stepped by its DPM-Solver++(2M).
   edit_json(scheduler(), [](json::Object& o) { set(o, "_class_name", json::Value("CogVideoXDPMScheduler")); });
-  EXPECT_EQ(load_denoiser(dir_ / "pipeline")->spec().sampler.kind, SamplerKind::ddim);
+  const SamplerOptions dpm = load_denoiser(dir_ / "pipeline")->spec().sampler;
+  EXPECT_EQ(dpm.kind, SamplerKind::dpm);
+  EXPECT_EQ(dpm.snr_shift_scale, 2.5);
   edit_json(scheduler(), [](json::Object& o) { set(o, "timestep_spacing", json::Value("leading")); });
   std::string e = error(dir_ / "pipeline");
   EXPECT_NE(e.find("\"timestep_spacing\" = \"leading\""), std::string::npos) << e;
@@ -361,6 +419,11 @@ TEST_F(CogVideoXFolder, SchedulerConfigRead) {
   const SamplerOptions s = load_denoiser(dir_ / "pipeline")->spec().sampler;
   EXPECT_EQ(s.kind, SamplerKind::ddim);
   EXPECT_EQ(s.snr_shift_scale, 3.0);
+  // A 5B-like transformer alone: the 5B's DPM.
+  fs::copy(fixtures() / "rope" / "transformer", dir_ / "rope-transformer", fs::copy_options::recursive);
+  const SamplerOptions five_b = load_denoiser(dir_ / "rope-transformer")->spec().sampler;
+  EXPECT_EQ(five_b.kind, SamplerKind::dpm);
+  EXPECT_EQ(five_b.snr_shift_scale, 1.0);
 }
 
 TEST_F(CogVideoXFolder, ImageToVideoPipelineRefused) {

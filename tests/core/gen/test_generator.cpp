@@ -147,6 +147,24 @@ TEST(GeneratorFifo, EveryFrameTakesEveryStepInOrder) {
   }
 }
 
+// dpm's clip: the start noise, then the step noise as the sampler asks for it, all from the one seeded CPU stream.
+TEST(GeneratorClip, DpmDrawsItsStepNoiseFromTheSeed) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::v, 4);
+  Generator g(model, options(ScheduleKind::clip, SamplerKind::dpm, 6, 3));
+  const torch::Tensor got = g.next().at(0).latent;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  torch::Tensor x = torch::randn({1, 2, 3, 3, 5}, gen, torch::kFloat);
+  const Sampler& s = g.sampler();
+  SamplerHistory history;
+  for (int64_t i = 0; i < s.steps(); ++i) {
+    const torch::Tensor t = torch::full({1, 1, 1, 1, 1}, static_cast<float>(s.timestep(i)));
+    x = s.step(x, torch::sin(1.3 * x) + 0.001 * t, i, history, [&] {
+      return torch::randn({1, 2, 3, 3, 5}, gen, torch::kFloat);
+    });
+  }
+  EXPECT_TRUE(torch::equal(got, x.narrow(2, 0, 1)));
+}
+
 TEST(GeneratorFifo, OneFrameOutPerIterationOnceFull) {
   auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
   Generator g(model, options(ScheduleKind::fifo, SamplerKind::euler, 8, 0));
@@ -219,15 +237,21 @@ TEST(Generator, TheSameSeedGivesTheSameFramesAndResetRepeats) {
 }
 
 // A model call that throws mid-iteration (the second partition of a full FIFO queue, a window's third step)
-// changes nothing: calling again gives the frames of an uninterrupted run.
+// changes nothing: calling again gives the frames of an uninterrupted run. dpm's step noise comes from the
+// seeded stream too, which the failed iteration rewinds.
 TEST(Generator, AFailedCallCanBeRetried) {
-  for (ScheduleKind kind : {ScheduleKind::clip, ScheduleKind::fifo, ScheduleKind::rolling}) {
-    GeneratorOptions o = options(kind, SamplerKind::unipc, 8, kind == ScheduleKind::clip ? 4 : 12);
+  for (auto [kind, sampler] :
+       {std::pair{ScheduleKind::clip, SamplerKind::unipc}, std::pair{ScheduleKind::fifo, SamplerKind::unipc},
+        std::pair{ScheduleKind::rolling, SamplerKind::unipc}, std::pair{ScheduleKind::clip, SamplerKind::dpm},
+        std::pair{ScheduleKind::fifo, SamplerKind::dpm}}) {
+    SCOPED_TRACE(sampler_kind_name(sampler));
+    const Prediction p = sampler == SamplerKind::dpm ? Prediction::v : Prediction::flow;
+    GeneratorOptions o = options(kind, sampler, 8, kind == ScheduleKind::clip ? 4 : 12);
     o.context = 1;
-    auto steady = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+    auto steady = std::make_shared<PerFrameDenoiser>(p, 4);
     Generator reference(steady, o);
     auto expected = run_all(reference);
-    auto flaky = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+    auto flaky = std::make_shared<PerFrameDenoiser>(p, 4);
     flaky->fail_at = kind == ScheduleKind::clip ? 3 : 13;
     Generator g(flaky, o);
     std::vector<GeneratedFrame> got;

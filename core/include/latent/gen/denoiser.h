@@ -48,6 +48,10 @@ struct DenoiserSpec {
   // model conditioned on one timestep per call (CogVideoX): predict() then takes only equal values, and only the
   // clip schedule, whose frames share every step, can drive it.
   bool per_frame_timesteps = true;
+  // The layout its reference pipeline draws noise in from its seeded generator: [1, T, C, h, w] where true
+  // (CogVideoXPipeline keeps latents frames first), else [1, C, T, h, w] (Wan). A Generator draws every noise tensor
+  // (the start and a stochastic sampler's steps) in this layout, so a seed gives the pipeline's numbers.
+  bool noise_frames_first = false;
 };
 
 class Denoiser {
