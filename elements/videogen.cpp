@@ -54,7 +54,7 @@ enum {
 };
 
 // The sampler choice: the model's own, or one of the core's samplers.
-enum SamplerChoice { SAMPLER_DEFAULT, SAMPLER_EULER, SAMPLER_UNIPC, SAMPLER_DDIM };
+enum SamplerChoice { SAMPLER_DEFAULT, SAMPLER_EULER, SAMPLER_UNIPC, SAMPLER_DDIM, SAMPLER_DPM };
 
 constexpr double kModelGuidance = -1.0;
 constexpr gint kAutoContext = -1;
@@ -141,11 +141,13 @@ GType gst_video_gen_schedule_get_type(void) {
 
 GType gst_video_gen_sampler_get_type(void) {
   static GType type = 0;
-  static const GEnumValue values[] = {{SAMPLER_DEFAULT, "The sampler the model's file recommends", "default"},
-                                      {SAMPLER_EULER, "Flow-matching Euler with shift", "euler"},
-                                      {SAMPLER_UNIPC, "UniPC for flow matching (order 2, Wan 2.1's)", "unipc"},
-                                      {SAMPLER_DDIM, "DDIM for v or epsilon prediction (CogVideoX's)", "ddim"},
-                                      {0, nullptr, nullptr}};
+  static const GEnumValue values[] = {
+      {SAMPLER_DEFAULT, "The sampler the model's file recommends", "default"},
+      {SAMPLER_EULER, "Flow-matching Euler with shift", "euler"},
+      {SAMPLER_UNIPC, "UniPC for flow matching (order 2, Wan 2.1's)", "unipc"},
+      {SAMPLER_DDIM, "DDIM for v or epsilon prediction (CogVideoX-2b's)", "ddim"},
+      {SAMPLER_DPM, "Stochastic DPM-Solver++(2M) for v or epsilon prediction (CogVideoX-5b's)", "dpm"},
+      {0, nullptr, nullptr}};
   if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstVideoGenSampler", values));
   return type;
 }
@@ -236,6 +238,7 @@ Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Setting
   if (s.sampler != SAMPLER_DEFAULT)
     o.sampler.kind = s.sampler == SAMPLER_EULER   ? latent::SamplerKind::euler
                      : s.sampler == SAMPLER_UNIPC ? latent::SamplerKind::unipc
+                     : s.sampler == SAMPLER_DPM   ? latent::SamplerKind::dpm
                                                   : latent::SamplerKind::ddim;
   if (s.steps > 0) o.sampler.steps = s.steps;
   if (s.shift > 0.0) o.sampler.shift = s.shift;

@@ -431,7 +431,7 @@ GST_START_TEST(test_enums_list_their_values) {
     std::vector<const char*> nicks;
     const char* fallback;
   } enums[] = {{"schedule", {"clip", "fifo", "rolling"}, "fifo"},
-               {"sampler", {"default", "euler", "unipc", "ddim"}, "default"}};
+               {"sampler", {"default", "euler", "unipc", "ddim", "dpm"}, "default"}};
   for (const auto& en : enums) {
     GParamSpec* p = g_object_class_find_property(G_OBJECT_GET_CLASS(e), en.property);
     fail_unless(p && G_IS_PARAM_SPEC_ENUM(p), "%s is not an enum", en.property);
