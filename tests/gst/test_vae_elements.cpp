@@ -78,6 +78,33 @@ GST_START_TEST(test_videoscale_meets_the_size_rule_and_odd_sizes_are_refused) {
 }
 GST_END_TEST;
 
+// Wan 2.2 takes multiples of 16: the encoder's caps say so once the model is loaded, so videoscale meets the rule,
+// and a size no one scales is refused naming it.
+GST_START_TEST(test_wan22_size_rule_reaches_negotiation) {
+  const std::string model = fixtures() + "/wan22";
+  Out scaled;
+  run("videotestsrc num-buffers=6 pattern=ball ! video/x-raw,width=72,height=40,framerate=24/1 ! videoscale ! "
+      "videoconvert ! vaeencode model=" +
+          model + " ! vaedecode model=" + model + " ! appsink name=out",
+      scaled);
+  fail_unless(scaled.error.empty(), "%s", scaled.error.c_str());
+  fail_unless(caps_int(scaled.caps, "width") % 16 == 0 && caps_int(scaled.caps, "height") % 16 == 0,
+              "videoscale chose %dx%d", caps_int(scaled.caps, "width"), caps_int(scaled.caps, "height"));
+  fail_unless_equals_int(scaled.buffers.size(), 6);  // frames in == frames out
+  Out latents;
+  run(src(5, 96, 64) + "vaeencode model=" + model + " ! appsink name=out", latents);
+  fail_unless(latents.error.empty(), "%s", latents.error.c_str());
+  GstStructure* s = gst_caps_get_structure(latents.caps, 0);
+  fail_unless_equals_string(gst_structure_get_string(s, "model"), "wan2.2");
+  fail_unless_equals_int(caps_int(latents.caps, "spatial-factor"), 16);
+  fail_unless_equals_int(caps_int(latents.caps, "width"), 6);
+  fail_unless_equals_int(caps_int(latents.caps, "height"), 4);
+  Out refused;
+  run(src(1, 72, 40) + "vaeencode model=" + model + " ! appsink name=out", refused);
+  fail_unless(refused.error.find("multiples of 16") != std::string::npos, "%s", refused.error.c_str());
+}
+GST_END_TEST;
+
 GST_START_TEST(test_frames_in_equal_frames_out) {
   for (const std::string& model : {wan(), cog()}) {
     for (int n : {1, 4, 5, 17, 20}) {
@@ -573,6 +600,7 @@ static Suite* vae_suite() {
   }
   tcase_add_test(tc, test_encode_negotiates_latent_caps);
   tcase_add_test(tc, test_videoscale_meets_the_size_rule_and_odd_sizes_are_refused);
+  tcase_add_test(tc, test_wan22_size_rule_reaches_negotiation);
   tcase_add_test(tc, test_frames_in_equal_frames_out);
   tcase_add_test(tc, test_yuv_input);
   tcase_add_test(tc, test_eos_mid_chunk_and_zero_frames);
