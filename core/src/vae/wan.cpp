@@ -269,9 +269,9 @@ struct Mid {
 
 class WanVae : public Vae {
  public:
-  WanVae(const WanConfig& cfg, const WeightSource& src, const LoadOptions& opt) : Vae(make_spec(cfg, src), opt) {
+  WanVae(const WanConfig& cfg, const WeightSource& src, const LoadOptions& opt)
+      : Vae(make_spec(cfg, src), opt), patch_(cfg.patch) {
     WeightReader r(src, opt.device, opt.dtype);
-    patch_ = cfg.patch;
     load_encoder(r, cfg);
     load_decoder(r, cfg);
     r.finish();
