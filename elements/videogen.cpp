@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -13,6 +14,7 @@
 
 #include "elements.h"
 #include "latent/gen/generator.h"
+#include "latent/gen/parallel_generator.h"
 #include "latent/gen/prompts.h"
 #include "latent/io/safetensors.h"
 #include "latent/runtime/default_model.h"
@@ -48,6 +50,7 @@ enum {
   PROP_TEXT_DEVICE,
   PROP_INITIAL_NOISE,
   PROP_IS_LIVE,
+  PROP_PARALLEL,
   PROP_LATENTS_OUT,
   PROP_MODEL_CALLS,
   PROP_MEAN_CALL_TIME,
@@ -76,11 +79,29 @@ struct Settings {
   std::optional<std::string> prompt, negative_prompt;  // unset: none
   std::string text_device;                             // empty: the model's device
   std::string initial_noise;
+  std::string parallel = "auto";  // with devices: how the ranks share the work
+};
+
+// One device's Generator or a ParallelGenerator over the devices' ranks: what create(), unlock() and seeks drive.
+class Frames {
+ public:
+  explicit Frames(std::unique_ptr<latent::Generator> one) : one_(std::move(one)) {}
+  explicit Frames(std::unique_ptr<latent::ParallelGenerator> many) : many_(std::move(many)) {}
+  std::vector<latent::GeneratedFrame> next() { return one_ ? one_->next() : many_->next(); }
+  bool finished() const { return one_ ? one_->finished() : many_->finished(); }
+  void reset() { one_ ? one_->reset() : many_->reset(); }
+  void interrupt() { one_ ? one_->interrupt() : many_->interrupt(); }
+  void clear_interrupt() { one_ ? one_->clear_interrupt() : many_->clear_interrupt(); }
+  int64_t model_calls() const { return one_ ? one_->model_calls() : many_->model_calls(); }
+
+ private:
+  std::unique_ptr<latent::Generator> one_;
+  std::unique_ptr<latent::ParallelGenerator> many_;
 };
 
 // What start() decided for a run: the generator, the caps it makes and how many latents and frames.
 struct Run {
-  std::unique_ptr<latent::Generator> generator;
+  std::unique_ptr<Frames> generator;
   LatentCapsInfo caps;
   uint64_t video_frames = 0;  // 0: endless
 };
@@ -88,7 +109,9 @@ struct Run {
 struct Impl {
   Settings settings;  // object lock
 
-  std::shared_ptr<const latent::Denoiser> denoiser;
+  std::shared_ptr<const latent::Denoiser> denoiser;  // rank 0's with devices
+  // With devices: each rank's denoiser (ranks on one device share one), rank 0's first.
+  std::vector<std::shared_ptr<const latent::Denoiser>> ranks;
   std::string model_path;  // what the denoiser was loaded from, where a prompt's text encoder is found
   latent::LoadOptions model_options;
   // The embeddings of the prompts last encoded and what they were encoded from, so a restart with the same
@@ -227,10 +250,62 @@ torch::Tensor load_initial_noise(const std::string& path, const latent::Denoiser
   return tc ? t.permute({0, 2, 1, 3, 4}).contiguous() : t;
 }
 
+// "auto", or how the ranks share the work: "cfg=2,ulysses=2,partitions=1" (any subset; missing ones are 1).
+std::optional<latent::ParallelPlan> parse_plan(const std::string& text) {
+  if (text.empty() || text == "auto") return std::nullopt;
+  latent::ParallelPlan plan;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    int* field = key == "cfg"          ? &plan.cfg
+                 : key == "ulysses"    ? &plan.ulysses
+                 : key == "partitions" ? &plan.partitions
+                                       : nullptr;
+    char* end = nullptr;
+    const long v = eq == std::string::npos ? 0 : std::strtol(item.c_str() + eq + 1, &end, 10);
+    if (!field || eq == std::string::npos || end == item.c_str() + eq + 1 || *end != '\0' || v < 1 || v > 4096)
+      throw std::invalid_argument("parallel '" + text + "': '" + item +
+                                  "' is not one of cfg=N, ulysses=N, partitions=N (N >= 1), or auto");
+    *field = int(v);
+    if (comma == std::string::npos) return plan;
+    start = comma + 1;
+  }
+}
+
+// The generator for the options: one device's, or, with several ranks, a ParallelGenerator under the plan the
+// parallel property gives (auto: latent::choose_plan).
+std::unique_ptr<Frames> make_frames(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks,
+                                    const latent::GeneratorOptions& o, const Settings& s, GstElement* element) {
+  if (ranks.size() <= 1) {
+    if (!s.parallel.empty() && s.parallel != "auto")
+      throw std::invalid_argument("parallel '" + s.parallel + "' needs devices (one per rank)");
+    return std::make_unique<Frames>(std::make_unique<latent::Generator>(ranks.front(), o));
+  }
+  const latent::DenoiserSpec& spec = ranks.front()->spec();
+  const int n = int(ranks.size());
+  latent::ParallelPlan plan;
+  if (auto given = parse_plan(s.parallel)) {
+    plan = *given;
+    if (plan.world() != n)
+      throw std::invalid_argument("parallel '" + s.parallel + "' needs " + std::to_string(plan.world()) +
+                                  " devices; devices lists " + std::to_string(n));
+  } else {
+    plan = latent::choose_plan(n, spec, o.guidance, ranks.front()->attention_heads(), o.schedule, o.sampler.steps,
+                               o.window);
+  }
+  GST_INFO_OBJECT(element, "generating on %d devices: %s", n, latent::describe_plan(plan).c_str());
+  return std::make_unique<Frames>(
+      std::make_unique<latent::ParallelGenerator>(ranks, o, plan, latent::gst::group_options(s.model)));
+}
+
 // The generator options and caps for the settings; throws std::invalid_argument naming the setting. `encoded` holds
-// the prompts' embeddings when the prompt property is set.
-Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Settings& s,
-             const latent::PromptEmbeddings* encoded) {
+// the prompts' embeddings when the prompt property is set; `ranks` the denoiser of each device (one without devices).
+Run plan_run(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks, const Settings& s,
+             const latent::PromptEmbeddings* encoded, GstElement* element) {
+  const std::shared_ptr<const latent::Denoiser>& model = ranks.front();
   const latent::DenoiserSpec& spec = model->spec();
   latent::GeneratorOptions o;
   o.schedule = s.schedule;
@@ -296,7 +371,7 @@ Run plan_run(const std::shared_ptr<const latent::Denoiser>& model, const Setting
                                 std::to_string(spec.text_tokens) + ", " + std::to_string(spec.text_dim) +
                                 "] embeddings from latent-prompt)");
   if (!s.initial_noise.empty()) o.initial_noise = load_initial_noise(s.initial_noise, spec, o);
-  if (latents > 0 || s.num_frames < 0) run.generator = std::make_unique<latent::Generator>(model, o);
+  if (latents > 0 || s.num_frames < 0) run.generator = make_frames(ranks, o, s, element);
 
   LatentCapsInfo& c = run.caps;
   c.model = spec.latent_space;
@@ -463,7 +538,7 @@ gboolean start(GstBaseSrc* base) {
   }
   if (!encode_prompts(self, settings)) return FALSE;
   try {
-    Run run = plan_run(s.denoiser, settings, settings.prompt ? &s.encoded : nullptr);
+    Run run = plan_run(s.ranks, settings, settings.prompt ? &s.encoded : nullptr, GST_ELEMENT(self));
     std::lock_guard<std::mutex> lock(s.run_lock);
     s.run = std::move(run);
   } catch (const std::invalid_argument& e) {
@@ -615,22 +690,39 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     GST_OBJECT_LOCK(self);
     const Settings settings = s.settings;
     GST_OBJECT_UNLOCK(self);
-    const bool loaded = latent::gst::load_model(element, settings.model, generator,
-                                                [&](const std::string& path, const latent::LoadOptions& o) {
-                                                  s.denoiser = latent::load_denoiser(path, o);
-                                                  s.model_path = path;
-                                                  s.model_options = o;
-                                                });
+    // One denoiser per device (ranks on one device share it), rank 0's first.
+    bool loaded = true;
+    std::map<std::string, std::shared_ptr<const latent::Denoiser>> by_device;
+    s.ranks.clear();
+    const auto per_rank = latent::gst::rank_settings(element, settings.model);
+    loaded = !per_rank.empty();
+    for (const latent::gst::ModelSettings& rank : per_rank) {
+      auto& shared = by_device[rank.device];
+      if (!shared)
+        loaded = loaded && latent::gst::load_model(element, rank, generator,
+                                                   [&](const std::string& path, const latent::LoadOptions& o) {
+                                                     shared = latent::load_denoiser(path, o);
+                                                     if (s.ranks.empty()) {
+                                                       s.model_path = path;
+                                                       s.model_options = o;
+                                                     }
+                                                   });
+      if (!loaded) break;
+      s.ranks.push_back(shared);
+    }
+    if (loaded) s.denoiser = s.ranks.front();
     // The prompt is encoded here so a missing or broken text encoder fails at READY, and again at the start of a
     // run only if the prompts changed meanwhile.
     if (!loaded || !encode_prompts(self, settings)) {
       s.denoiser.reset();
+      s.ranks.clear();
       return GST_STATE_CHANGE_FAILURE;
     }
   }
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_video_gen_parent_class)->change_state(element, transition);
   if (transition == GST_STATE_CHANGE_READY_TO_NULL) {
     s.denoiser.reset();
+    s.ranks.clear();
     s.encoded = {};
     s.encoded_key.clear();
   }
@@ -672,6 +764,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_NEGATIVE_PROMPT: s.negative_prompt = optional_string(value); break;
     case PROP_TEXT_DEVICE: s.text_device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_INITIAL_NOISE: s.initial_noise = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_PARALLEL: s.parallel = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -710,6 +803,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_WINDOW: g_value_set_uint(value, s.window); break;
     case PROP_CONTEXT: g_value_set_int(value, s.context); break;
     case PROP_PROMPT: g_value_set_string(value, s.prompt ? s.prompt->c_str() : nullptr); break;
+    case PROP_PARALLEL: g_value_set_string(value, s.parallel.c_str()); break;
     case PROP_NEGATIVE_PROMPT:
       g_value_set_string(value, s.negative_prompt ? s.negative_prompt->c_str() : nullptr);
       break;
@@ -829,6 +923,23 @@ void install_properties(GObjectClass* gobject) {
                           "the family's diffusers pipeline latents= argument (Wan [1, C, T, h, w], CogVideoX [1, T, "
                           "C, h, w]), to reproduce another implementation's run exactly; unset: noise from seed",
                           nullptr, rw));
+  latent::gst::install_parallel_properties(
+      gobject,
+      "Generates one stream on several devices: a comma-separated list, one rank per entry, each with its own copy "
+      "of the model; the ranks share each step's model calls as the parallel property says and every rank holds "
+      "the same latents, which leave from the first device",
+      "videogen model=/models/Wan2.1-T2V-14B-Diffusers prompt=\"a red fox\" devices=cuda:0,cuda:1,cuda:2,cuda:3 "
+      "parallel=cfg=2,ulysses=2 schedule=clip num-frames=81 ! vaedecode devices=cuda:0,cuda:1 ! ...");
+  g_object_class_install_property(
+      gobject, PROP_PARALLEL,
+      g_param_spec_string(
+          "parallel", "Parallel plan",
+          "With devices: how the ranks share the work, cfg=N,ulysses=N,partitions=N (their product = the number of "
+          "devices): cfg=2 puts the prompt's and the negative prompt's model calls on different ranks, ulysses=N "
+          "splits each call's tokens over N ranks (N divides the model's attention heads), partitions=N spreads "
+          "fifo's per-step model calls over N ranks. Exact: the latents equal one device's. auto: cfg 2 when "
+          "guidance is on, then partitions (fifo) or ulysses; the log says what was chosen",
+          "auto", rw));
   g_object_class_install_property(
       gobject, PROP_IS_LIVE,
       g_param_spec_boolean("is-live", "Is live",

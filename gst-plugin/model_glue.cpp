@@ -59,13 +59,19 @@ void install_model_properties(GObjectClass* klass, const std::string& model_blur
 }
 
 void install_parallel_properties(GObjectClass* klass, const char* example) {
+  install_parallel_properties(klass,
+                              "Runs one stream across several devices (patch parallel): a comma-separated list, one "
+                              "rank per entry, each computing a band of every frame's rows and exchanging the rows "
+                              "at its borders with its neighbours; the result equals one device's",
+                              example);
+}
+
+void install_parallel_properties(GObjectClass* klass, const std::string& what, const char* example) {
   auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS);
-  const std::string blurb =
-      "Runs one stream across several devices (patch parallel): a comma-separated list, one rank per entry, each "
-      "computing a band of every frame's rows and exchanging the rows at its borders with its neighbours; the "
-      "result equals one device's. CUDA devices talk over NCCL; cpu entries (or repeats of one GPU) over an "
-      "in-process backend. Unset or one entry: the 'device' property" +
-      std::string(kReadAtLoad) + ". Example: " + std::string(example);
+  const std::string blurb = what +
+                            ". CUDA devices talk over NCCL; cpu entries (or repeats of one GPU) over an "
+                            "in-process backend. Unset or one entry: the 'device' property" +
+                            std::string(kReadAtLoad) + ". Example: " + std::string(example);
   g_object_class_install_property(
       klass, PROP_DEVICES, g_param_spec_string("devices", "Devices", g_intern_string(blurb.c_str()), nullptr, flags));
   g_object_class_install_property(
@@ -208,12 +214,6 @@ std::vector<std::string> device_list(const std::string& devices) {
   }
 }
 
-parallel::GroupOptions group_options(const ModelSettings& settings) {
-  parallel::GroupOptions o;
-  o.timeout = std::chrono::seconds(settings.rank_timeout_s);
-  return o;
-}
-
 template <typename Stream, typename Make>
 std::unique_ptr<Stream> make_stream(GstElement* element, const char* what, Make make) {
   init_debug();
@@ -228,36 +228,49 @@ std::unique_ptr<Stream> make_stream(GstElement* element, const char* what, Make 
 
 }  // namespace
 
-std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* element, const ModelSettings& settings) {
+parallel::GroupOptions group_options(const ModelSettings& settings) {
+  parallel::GroupOptions o;
+  o.timeout = std::chrono::seconds(settings.rank_timeout_s);
+  return o;
+}
+
+std::vector<ModelSettings> rank_settings(GstElement* element, const ModelSettings& settings) {
   init_debug();
-  GST_OBJECT_LOCK(element);
-  ModelSettings s = settings;
-  GST_OBJECT_UNLOCK(element);
-  if (s.devices.empty()) {
-    auto m = acquire_model(element, s);
-    return m ? std::vector<std::shared_ptr<const Vae>>{m} : std::vector<std::shared_ptr<const Vae>>{};
-  }
-  const std::vector<std::string> list = device_list(s.devices);
+  if (settings.devices.empty()) return {settings};
+  const std::vector<std::string> list = device_list(settings.devices);
   for (const auto& d : list) {
     if (d.empty()) {
-      GST_ELEMENT_ERROR(element, RESOURCE, SETTINGS, ("The devices list '%s' has an empty entry.", s.devices.c_str()),
+      GST_ELEMENT_ERROR(element, RESOURCE, SETTINGS,
+                        ("The devices list '%s' has an empty entry.", settings.devices.c_str()),
                         ("write devices as cuda:0,cuda:1 or cpu,cpu"));
       return {};
     }
   }
+  ModelSettings s = settings;
   if (s.dtype == "auto") {
     // Every rank computes in one dtype: the one the first device would pick.
     try {
       const auto t = resolve_dtype("auto", resolve_device(list[0]));
       s.dtype = t == torch::kBFloat16 ? "bfloat16" : t == torch::kHalf ? "float16" : "float32";
     } catch (const std::exception&) {
-      // acquire_model() below names the missing device.
+      // Loading names the missing device.
     }
   }
-  std::vector<std::shared_ptr<const Vae>> models;
+  std::vector<ModelSettings> out;
   for (const auto& d : list) {
     ModelSettings one = s;
     one.device = d;
+    out.push_back(one);
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* element, const ModelSettings& settings) {
+  GST_OBJECT_LOCK(element);
+  const ModelSettings s = settings;
+  GST_OBJECT_UNLOCK(element);
+  std::vector<std::shared_ptr<const Vae>> models;
+  for (const ModelSettings& one : rank_settings(element, s)) {
     auto m = acquire_model(element, one);
     if (!m) return {};
     models.push_back(m);

@@ -38,8 +38,10 @@ enum ParallelProperty { PROP_DEVICES = 1000, PROP_RANK_TIMEOUT };
 // first form describes a VAE used in `direction`, the second any model with the blurb given.
 void install_model_properties(GObjectClass* klass, const char* direction);
 void install_model_properties(GObjectClass* klass, const std::string& model_blurb);
-// Installs "devices" and "rank-timeout" (PROP_DEVICES, PROP_RANK_TIMEOUT); `example` is a launch line.
+// Installs "devices" and "rank-timeout" (PROP_DEVICES, PROP_RANK_TIMEOUT); `example` is a launch line. The first
+// form describes patch parallel (vaeencode, vaedecode); the second starts the blurb with `what` instead.
 void install_parallel_properties(GObjectClass* klass, const char* example);
+void install_parallel_properties(GObjectClass* klass, const std::string& what, const char* example);
 // Handles the model and parallel properties; false for any other id.
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value);
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value);
@@ -80,6 +82,13 @@ bool guarded(GstElement* element, const char* doing, F&& f) noexcept {
 }
 
 LatentFormat latent_format_for(c10::ScalarType dtype);
+
+// The settings of each rank of `settings.devices` (one entry: `device` set to it), every rank in the dtype the
+// first device would pick when dtype is auto; just `settings` without devices. Empty after posting an ERROR message
+// (an empty entry in the list).
+std::vector<ModelSettings> rank_settings(GstElement* element, const ModelSettings& settings);
+// How long a rank of the settings' group waits for another.
+parallel::GroupOptions group_options(const ModelSettings& settings);
 
 // Loads the model for the settings as they stand (read under the object lock) at NULL->READY.
 std::shared_ptr<const Vae> acquire_model_locked(GstElement* element, const ModelSettings& settings);

@@ -227,6 +227,41 @@ GST_START_TEST(test_empty_and_huge_prompts_generate) {
 }
 GST_END_TEST;
 
+// Several devices (CPU ranks here) make the one-device latents: CFG on two ranks, CFG x Ulysses on four, fifo's
+// partitions on two; the plan is what `parallel` says, or chosen when it says auto.
+GST_START_TEST(test_devices_give_the_one_device_latents) {
+  const std::string cog = (fixtures() / "cogvideox").string();
+  const struct {
+    std::string model, size, props;
+    int64_t frames, h, w;
+  } runs[] = {
+      {wan(), "width=96 height=64 num-frames=17", "schedule=clip steps=2 guidance-scale=5", 5, 8, 12},
+      {wan(), "width=96 height=64 num-frames=13", "schedule=fifo steps=4 window=2 guidance-scale=1", 4, 8, 12},
+      {cog, "width=64 height=48 num-frames=9", "schedule=clip steps=2 guidance-scale=6", 3, 6, 8},
+  };
+  const struct {
+    int run;
+    std::string devices, parallel;
+  } cases[] = {
+      {0, "cpu,cpu", "cfg=2"},     {0, "cpu,cpu,cpu,cpu", "auto"}, {1, "cpu,cpu", "partitions=2"},
+      {1, "cpu,cpu", "ulysses=2"}, {2, "cpu,cpu", "auto"},         {2, "cpu,cpu,cpu,cpu", "cfg=2,ulysses=2"},
+  };
+  for (const auto& c : cases) {
+    const auto& r = runs[c.run];
+    const std::string base = "videogen name=gen model=" + r.model + " " + r.size + " " + r.props + " prompt=fox ";
+    Out one, many;
+    latent_test::run(base + "! appsink name=out", one);
+    latent_test::run(base + "devices=" + c.devices + " parallel=" + c.parallel + " ! appsink name=out", many);
+    fail_unless(one.error.empty() && many.error.empty(), "%s %s: %s %s", c.devices.c_str(), c.parallel.c_str(),
+                one.error.c_str(), many.error.c_str());
+    fail_unless_equals_int(many.buffers.size(), r.frames);
+    const double rel = relative_error(stacked(many, 16, r.h, r.w), stacked(one, 16, r.h, r.w));
+    g_print("devices=%s parallel=%s: %.2e relative to one device\n", c.devices.c_str(), c.parallel.c_str(), rel);
+    fail_unless(rel <= 1e-5, "devices=%s parallel=%s: %g", c.devices.c_str(), c.parallel.c_str(), rel);
+  }
+}
+GST_END_TEST;
+
 // Each bad input fails with a message that names it, at READY or when the run is planned.
 GST_START_TEST(test_bad_text_input_is_named) {
   const fs::path dir = scratch("bad");
@@ -264,6 +299,12 @@ GST_START_TEST(test_bad_text_input_is_named) {
       {"videogen model=" + wan() + " num-frames=1 ! ", "this model needs text: set prompt"},
       {"videogen model=" + wan() + " prompt=fox text-device=cuda:7 num-frames=1 ! ", "cuda"},
       {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=fifo ! ", "fifo"},
+      {wan_gen("prompt=fox devices=cpu,cpu,cpu parallel=cfg=2"), "needs 2 devices; devices lists 3"},
+      {wan_gen("prompt=fox parallel=cfg=2"), "needs devices"},
+      {wan_gen("prompt=fox devices=cpu,cpu parallel=cfg=two"), "is not one of cfg=N"},
+      {wan_gen("prompt=fox devices=cpu,cpu,cpu parallel=ulysses=3"), "valid: 1, 2"},
+      {wan_gen("prompt=fox guidance-scale=5 devices=cpu,cpu,cpu"), "3"},
+      {wan_gen("prompt=fox devices=cpu,,cpu"), "empty entry"},
       {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=clip " +
            "initial-noise=" + wan_noise() + " ! ",
        "([1, T, C, h, w]"},
@@ -293,6 +334,7 @@ static Suite* text_to_video_suite() {
   tcase_add_test(tc, test_folder_vae_decodes_the_latents);
   tcase_add_test(tc, test_prompt_changed_in_ready_is_encoded_again);
   tcase_add_test(tc, test_empty_and_huge_prompts_generate);
+  tcase_add_test(tc, test_devices_give_the_one_device_latents);
   tcase_add_test(tc, test_bad_text_input_is_named);
   return s;
 }
