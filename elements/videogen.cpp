@@ -93,6 +93,10 @@ class Frames {
   void interrupt() { one_ ? one_->interrupt() : many_->interrupt(); }
   void clear_interrupt() { one_ ? one_->clear_interrupt() : many_->clear_interrupt(); }
   int64_t model_calls() const { return one_ ? one_->model_calls() : many_->model_calls(); }
+  // What the element was doing when next() threw: with ranks, the failing rank's error says nothing of its rank.
+  std::string doing() const {
+    return many_ && !many_->failed_rank().empty() ? "generating on " + many_->failed_rank() : "generating";
+  }
 
  private:
   std::unique_ptr<latent::Generator> one_;
@@ -423,6 +427,8 @@ GstClockTime running_time_now(GstElement* element) {
   return now > base ? now - base : 0;
 }
 
+std::string doing(const Impl& s) { return s.run && s.run->generator ? s.run->generator->doing() : "generating"; }
+
 GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
   auto* self = GST_VIDEO_GEN(push);
   Impl& s = *self->impl;
@@ -457,9 +463,10 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
     // unlock(): a flush or a state change; the generator is as it was before the step.
     return GST_FLOW_FLUSHING;
   } catch (const std::exception& e) {
-    latent::gst::post_exception(GST_ELEMENT(self), "generating", e);
+    latent::gst::post_exception(GST_ELEMENT(self), doing(s).c_str(), e);
   } catch (...) {
-    latent::gst::post_exception(GST_ELEMENT(self), "generating", std::runtime_error("an exception of unknown type"));
+    latent::gst::post_exception(GST_ELEMENT(self), doing(s).c_str(),
+                                std::runtime_error("an exception of unknown type"));
   }
   return GST_FLOW_ERROR;
 }

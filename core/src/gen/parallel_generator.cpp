@@ -261,6 +261,7 @@ void ParallelGenerator::regroup() {
       [](int, std::exception_ptr) {});
   broken_ = false;
   regroup_ = false;
+  failed_rank_.clear();
 }
 
 void ParallelGenerator::run(const std::function<void(int)>& job) {
@@ -278,6 +279,10 @@ void ParallelGenerator::run(const std::function<void(int)>& job) {
           executors_[size_t(r)]->failed(e);
         });
   } catch (...) {
+    const std::exception_ptr root = std::current_exception();
+    for (size_t r = 0; r < errors.size(); ++r)
+      if (errors[r] && errors[r] == root)
+        failed_rank_ = "rank " + std::to_string(r) + " (" + denoisers_[r]->device().str() + ")";
     // An interrupt comes before an iteration's exchange, so no rank got past it and every rank rolled the
     // iteration back. Any other failure may have come after a rank's last exchange, leaving the ranks apart.
     bool all_rolled_back = true;

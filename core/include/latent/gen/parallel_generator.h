@@ -107,6 +107,9 @@ class ParallelGenerator {
   // Model evaluations of the whole group as one device would count them (a Ulysses group's counts once); may be
   // read from any thread, also during next().
   int64_t model_calls() const;
+  // Whose error the last failed call rethrew, "rank 1 (cuda:1)": the error itself is that rank's, unchanged, so a
+  // caller that reports it must name the rank. Empty before a failure and once a new group has formed.
+  const std::string& failed_rank() const { return failed_rank_; }
 
  private:
   void regroup();
@@ -120,6 +123,7 @@ class ParallelGenerator {
   std::vector<ParallelExecutor*> executors_;  // owned by generators_
   bool broken_ = false;
   bool regroup_ = false;
+  std::string failed_rank_;
 };
 
 }  // namespace latent
