@@ -3,16 +3,25 @@
 // Nothing may unwind through GStreamer's C frames: before, the reset's exception ended the process in
 // std::terminate. The faults come in through the core's test hook between thread groups and their communicators,
 // in this process, where the elements run.
+//
+// videogen's ranks likewise: a rank that throws in its exchange ends the pipeline at once, well before the rank
+// timeout, with an ERROR naming that rank and its cause; a rank that stalls in it ends the pipeline once the
+// rank-timeout has passed, never a hang; and the same pipeline taken to NULL and played again forms a new group and
+// makes the one-device latents.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,9 +29,11 @@
 #include "latent/parallel/comm.h"
 #include "parallel/local_group.h"
 
+#include <gst/app/gstappsink.h>
 #include <gst/check/gstcheck.h>
 #include <gst/check/gstharness.h>
 
+#include "pipeline_run.h"
 #include "test_models.h"
 
 namespace {
@@ -116,12 +127,239 @@ GST_START_TEST(test_a_group_that_cannot_form_again_is_an_error) {
 }
 GST_END_TEST;
 
+// ---- videogen ------------------------------------------------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+
+enum class Fault { throws, stalls };
+
+// Forwards to the backend's communicator; rank 1's all-gather number `at` (the exchange of an iteration's
+// predictions) throws, or blocks as an NCCL kernel whose peer never comes does, until the group aborts it.
+class FaultyGather : public parallel::Communicator {
+ public:
+  FaultyGather(std::shared_ptr<parallel::Communicator> inner, Fault fault, int at,
+               std::shared_ptr<std::atomic<Clock::rep>> fault_time)
+      : inner_(std::move(inner)), fault_(fault), at_(at), fault_time_(std::move(fault_time)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend_name() const override { return inner_->backend_name(); }
+  void all_reduce_sum(torch::Tensor& t) override { inner_->all_reduce_sum(t); }
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) override {
+    if (rank() != 1 || ++calls_ != at_) return inner_->all_gather(t);
+    fault_time_->store(Clock::now().time_since_epoch().count());
+    // Deliberately free of the words "rank" and "1": the element's message must name the rank itself.
+    if (fault_ == Fault::throws) throw std::runtime_error("the device ran out of memory (injected)");
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Bounded, so that a group that never aborts fails the test instead of hanging it.
+    if (!aborted_.wait_for(lock, std::chrono::seconds(60), [&] { return !why_.empty(); }))
+      throw std::runtime_error("stalled for 60 s and nobody aborted the group");
+    throw std::runtime_error("aborted: " + why_);
+  }
+  torch::Tensor all_to_all(const torch::Tensor& input) override { return inner_->all_to_all(input); }
+  void exchange(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, torch::Tensor& d) override {
+    inner_->exchange(a, b, c, d);
+  }
+  void abort(const std::string& why) noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      why_ = why.empty() ? "aborted" : why;
+    }
+    aborted_.notify_all();
+    inner_->abort(why);
+  }
+
+ private:
+  std::shared_ptr<parallel::Communicator> inner_;
+  Fault fault_;
+  int at_;
+  std::shared_ptr<std::atomic<Clock::rep>> fault_time_;
+  int calls_ = 0;
+  std::mutex mutex_;
+  std::condition_variable aborted_;
+  std::string why_;
+};
+
+// Only the first group formed after this faults (in its second exchange); the groups formed later are sound.
+// Returns where the time of the fault goes.
+std::shared_ptr<std::atomic<Clock::rep>> install_gather_fault(Fault fault) {
+  auto groups = std::make_shared<std::atomic<int>>(0);
+  auto when = std::make_shared<std::atomic<Clock::rep>>(0);
+  parallel::testing::set_communicator_hook(
+      [groups, when, fault](std::shared_ptr<parallel::Communicator> made,
+                            const std::string& name) -> std::shared_ptr<parallel::Communicator> {
+        // Each group has one rank 1 and joins it once (no Ulysses here): it counts the groups.
+        if (name != "collectives" || made->rank() != 1 || ++*groups > 1) return made;
+        return std::make_shared<FaultyGather>(made, fault, 2, when);
+      });
+  return when;
+}
+
+std::string small_generator() {
+  const char* d = g_getenv("LATENT_SMALL_DENOISER_FIXTURES");
+  const std::string model = d ? std::string(d) + "/model.safetensors" : "";
+  return std::filesystem::exists(model) ? model : "";
+}
+
+std::string pipeline_wan() {
+  const char* d = g_getenv("LATENT_PIPELINE_FIXTURES");
+  const std::string dir = d ? std::string(d) : "";
+  return !dir.empty() && std::filesystem::exists(dir + "/stamp") ? dir + "/wan" : "";
+}
+
+struct GenRun {
+  std::string name, base, devices;
+};
+
+// fifo's partitions on the small generator (no text) and CFG on the tiny Wan pipeline (from a prompt).
+std::vector<GenRun> gen_runs() {
+  std::vector<GenRun> runs;
+  if (!small_generator().empty())
+    runs.push_back({"fifo partitions",
+                    "videogen name=gen model=" + small_generator() +
+                        " width=64 height=48 steps=4 window=2 schedule=fifo num-frames=13 ",
+                    "devices=cpu,cpu parallel=partitions=2"});
+  else
+    g_print("SKIP fifo partitions: no small generator (LATENT_SMALL_DENOISER_FIXTURES unset)\n");
+  if (!pipeline_wan().empty())
+    runs.push_back({"cfg",
+                    "videogen name=gen model=" + pipeline_wan() +
+                        " width=96 height=64 num-frames=17 schedule=clip steps=2 guidance-scale=5 prompt=fox ",
+                    "devices=cpu,cpu parallel=cfg=2"});
+  else
+    g_print("SKIP cfg: no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset)\n");
+  return runs;
+}
+
+// Every float of the buffers, in order.
+std::vector<float> floats_of(const std::vector<GstBuffer*>& buffers) {
+  std::vector<float> all;
+  for (GstBuffer* b : buffers) {
+    GstMapInfo m;
+    gst_buffer_map(b, &m, GST_MAP_READ);
+    const auto* f = reinterpret_cast<const float*>(m.data);
+    all.insert(all.end(), f, f + m.size / sizeof(float));
+    gst_buffer_unmap(b, &m);
+  }
+  return all;
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// The pipeline's ERROR (empty when it reached EOS instead), and when it came.
+std::string wait_for_end(GstElement* pipeline, Clock::time_point* when = nullptr) {
+  GstBus* bus = gst_element_get_bus(pipeline);
+  GstMessage* msg =
+      gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  if (when) *when = Clock::now();
+  gst_object_unref(bus);
+  fail_unless(msg != nullptr, "the pipeline neither ended nor failed within 120 s");
+  std::string error;
+  if (GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
+    GError* e = nullptr;
+    gst_message_parse_error(msg, &e, nullptr);
+    error = e->message;
+    g_clear_error(&e);
+  }
+  gst_message_unref(msg);
+  return error;
+}
+
+std::vector<GstBuffer*> pull_all(GstElement* pipeline) {
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  std::vector<GstBuffer*> out;
+  while (GstSample* s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 120 * GST_SECOND)) {
+    out.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+    gst_sample_unref(s);
+  }
+  gst_object_unref(sink);
+  return out;
+}
+
+void unref_all(std::vector<GstBuffer*>& buffers) {
+  for (GstBuffer* b : buffers) gst_buffer_unref(b);
+  buffers.clear();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// One run with the fault: its ERROR must say `expect` (each part), come between `at_least` and `at_most` after the
+// fault, and the same pipeline, to NULL and playing again, must make the one-device latents.
+void fault_then_recover(const GenRun& r, Fault fault, const std::string& timeout,
+                        const std::vector<std::string>& expect, std::chrono::milliseconds at_least,
+                        std::chrono::milliseconds at_most) {
+  latent_test::Out one;
+  latent_test::run(r.base + "! appsink name=out", one);
+  fail_unless(one.error.empty(), "%s, one device: %s", r.name.c_str(), one.error.c_str());
+  fail_unless(!one.buffers.empty(), "%s, one device: no latents", r.name.c_str());
+
+  const auto fault_time = install_gather_fault(fault);
+  const std::string desc =
+      r.base + r.devices + " rank-timeout=" + timeout + " ! appsink name=out sync=false max-buffers=0";
+  GError* err = nullptr;
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), &err);
+  fail_unless(pipeline != nullptr, "cannot build %s: %s", desc.c_str(), err ? err->message : "?");
+  g_clear_error(&err);
+
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  Clock::time_point ended;
+  const std::string error = wait_for_end(pipeline, &ended);
+  g_print("%s, rank 1 %s: %s\n", r.name.c_str(), fault == Fault::throws ? "throws" : "stalls", error.c_str());
+  fail_unless(fault_time->load() != 0, "%s: the fault was never reached (%s)", r.name.c_str(), error.c_str());
+  for (const auto& part : expect)
+    fail_unless(contains(error, part), "%s: the error does not say '%s': '%s'", r.name.c_str(), part.c_str(),
+                error.c_str());
+  const auto took = ended - Clock::time_point(Clock::duration(fault_time->load()));
+  g_print("%s: the error came %.2f s after the fault\n", r.name.c_str(), std::chrono::duration<double>(took).count());
+  fail_unless(took >= at_least && took <= at_most, "%s: the error came %.2f s after the fault", r.name.c_str(),
+              std::chrono::duration<double>(took).count());
+
+  // A new group forms when the pipeline plays again; it is sound, and makes what one device makes.
+  fail_unless_equals_int(gst_element_set_state(pipeline, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  std::vector<GstBuffer*> again = pull_all(pipeline);
+  const std::string after = wait_for_end(pipeline);
+  fail_unless(after.empty(), "%s, played again: %s", r.name.c_str(), after.c_str());
+  fail_unless_equals_int(again.size(), one.buffers.size());
+  const double rel = relative_error(floats_of(again), floats_of(one.buffers));
+  g_print("%s, played again: %.2e relative to one device\n", r.name.c_str(), rel);
+  fail_unless(rel <= 1e-5, "%s, played again: %g relative to one device", r.name.c_str(), rel);
+  unref_all(again);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(pipeline);
+  parallel::testing::set_communicator_hook({});
+}
+
+// The default rank-timeout is a minute: the failing rank's own error must end every rank long before.
+GST_START_TEST(test_videogen_rank_that_throws_is_an_error_at_once) {
+  for (const GenRun& r : gen_runs())
+    fault_then_recover(r, Fault::throws, "60", {"rank 1", "ran out of memory (injected)"}, std::chrono::milliseconds(0),
+                       std::chrono::seconds(10));
+}
+GST_END_TEST;
+
+// A rank that never comes to the exchange: the others wait rank-timeout for it, then the error says so.
+GST_START_TEST(test_videogen_rank_that_stalls_times_out) {
+  for (const GenRun& r : gen_runs())
+    fault_then_recover(r, Fault::stalls, "1", {"rank 1", "waited 1"}, std::chrono::milliseconds(900),
+                       std::chrono::seconds(15));
+}
+GST_END_TEST;
+
 Suite* faults_suite() {
   Suite* s = suite_create("parallel-faults");
   TCase* tc = tcase_create("faults");
   tcase_set_timeout(tc, 300);
   suite_add_tcase(s, tc);
   tcase_add_test(tc, test_a_group_that_cannot_form_again_is_an_error);
+  tcase_add_test(tc, test_videogen_rank_that_throws_is_an_error_at_once);
+  tcase_add_test(tc, test_videogen_rank_that_stalls_times_out);
   return s;
 }
 
