@@ -7,6 +7,7 @@
 
 #include "latent/parallel/row_shard.h"
 #include "parallel/rank_threads.h"
+#include "vae/tiling.h"
 
 namespace latent {
 namespace {
@@ -183,12 +184,20 @@ size_t ShardedDecoder::heap_bytes() const { return total(streams_, &StreamingDec
 
 std::unique_ptr<EncoderStream> open_encoder(const std::vector<std::shared_ptr<const Vae>>& models,
                                             const EncoderOptions& options, parallel::GroupOptions group) {
+  if (options.tile.enabled()) {
+    if (models.size() != 1) throw std::invalid_argument("spatial tiling and patch parallel cannot be combined");
+    return open_tiled_encoder(models[0], options);
+  }
   if (models.size() == 1) return std::make_unique<StreamingEncoder>(models[0], options);
   return std::make_unique<ShardedEncoder>(models, options, group);
 }
 
 std::unique_ptr<DecoderStream> open_decoder(const std::vector<std::shared_ptr<const Vae>>& models,
                                             const DecoderOptions& options, parallel::GroupOptions group) {
+  if (options.tile.enabled()) {
+    if (models.size() != 1) throw std::invalid_argument("spatial tiling and patch parallel cannot be combined");
+    return open_tiled_decoder(models[0], options);
+  }
   if (models.size() == 1) return std::make_unique<StreamingDecoder>(models[0], options);
   return std::make_unique<ShardedDecoder>(models, options, group);
 }

@@ -27,6 +27,19 @@ struct EncodedLatents {
   int64_t size() const { return latents.defined() ? latents.size(0) : 0; }
 };
 
+// Spatial tiling as diffusers' AutoencoderKLCogVideoX.enable_tiling(): the frame is cut into overlapping tiles of
+// height x width pixels, each coded by its own stream (own temporal caches, own GroupNorm statistics), and the
+// tiles' outputs are blended linearly over the overlap and stitched. CogVideoX's GroupNorm spans the whole frame,
+// so this changes the result exactly as diffusers' tiling does; what it buys is activation memory bounded by a
+// tile. Frames no larger than one tile take the untiled path. Honoured by open_encoder() and open_decoder();
+// CogVideoX only.
+struct TileOptions {
+  int64_t height = 0, width = 0;  // tile_sample_min_height/width in pixels; 0 = no tiling
+  // Fractions of a tile that neighbours share (tile_overlap_factor_height/width); diffusers' defaults.
+  double overlap_height = 1.0 / 6, overlap_width = 1.0 / 5;
+  bool enabled() const { return height > 0 || width > 0; }
+};
+
 struct EncoderOptions {
   // Draw z = mean + std * noise instead of the posterior mean; the noise comes from a CPU generator seeded
   // with `seed`, so a sample is the same on every device.
@@ -37,6 +50,8 @@ struct EncoderOptions {
   // Patch parallel: this stream is one rank's band of rows. push() still takes whole frames and keeps its band;
   // what comes out is that band of the latents.
   std::shared_ptr<const parallel::RowShard> shard;
+  // Spatial tiles (open_encoder() only). Tiled encoding gives the posterior mean; `sample` is refused with it.
+  TileOptions tile;
 };
 
 // A stream of frames in, latents out: one device (StreamingEncoder) or a patch-parallel group of threads
@@ -107,6 +122,8 @@ struct DecoderOptions {
   int64_t max_chunk_latents = 1;
   // Patch parallel: push() takes whole latents, keeps this rank's band and returns that band of the frames.
   std::shared_ptr<const parallel::RowShard> shard;
+  // Spatial tiles (open_decoder() only).
+  TileOptions tile;
 };
 
 // Latents in, frames out: one device (StreamingDecoder) or a patch-parallel group (ShardedDecoder).
