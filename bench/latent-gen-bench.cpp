@@ -13,6 +13,12 @@
 // A text-conditioned denoiser (a diffusers Wan folder) takes its prompt embeddings from --text, a safetensors file
 // with "text" and, for guidance, "negative_text" [1, L, D]. tools/bench --generate --native times one clip that
 // way next to diffusers' WanPipeline; --save-latents keeps the result so the two outputs can be compared.
+//
+// --devices cpu,cpu[,...] generates on several ranks (threads of this process, a ParallelGenerator) as videogen's
+// devices= does, under --parallel (videogen's parallel= syntax, or auto). Ranks on one device share one loaded
+// model. OpenMP gives every rank thread the process default (OMP_NUM_THREADS), not --threads: tools/bench
+// --generate --devices sets both. Per-call times are not kept then (the ranks call at once); a step's time is
+// the loop's wall time over its iterations.
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
 
@@ -24,12 +30,14 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench_support.h"
 #include "io/json.h"
 #include "latent/gen/generator.h"
+#include "latent/gen/parallel_generator.h"
 #include "latent/io/safetensors.h"
 #include "latent/runtime/build_info.h"
 #include "latent/runtime/devices.h"
@@ -49,6 +57,7 @@ struct Args {
   std::string schedule = "fifo";
   int64_t steps = 0, window = 0, context = -1, height = 0, width = 0, sample = 0;
   std::string device = "cpu", dtype = "auto";
+  std::string devices, parallel = "auto";
   int threads = 0;
   uint64_t seed = 0;
   bool json = false;
@@ -60,6 +69,7 @@ struct Args {
                "                        [--steps K] [--window W] [--context C] [--height h] [--width w]\n"
                "                        [--device D] [--dtype T] [--threads N] [--seed S] [--sample K] [--json]\n"
                "                        [--text FILE] [--guidance G] [--save-latents FILE]\n"
+               "                        [--devices D,D[,...]] [--parallel cfg=N,ulysses=N,partitions=N|auto]\n"
                "  --vae      decode every latent as it comes (the VAE whose latent space the generator names);\n"
                "             without it only generation is timed\n"
                "  --text     safetensors with \"text\" (and \"negative_text\" for guidance) prompt embeddings\n"
@@ -68,7 +78,11 @@ struct Args {
                "  --save-latents  write every generated latent, in order, as \"latents\" [1, C, N, h, w] float32\n"
                "  --height, --width  latent size (default: the generator's native size)\n"
                "  --steps, --window  0: the generator's; --context -1: a quarter of the window (rolling)\n"
-               "  --sample   read the RSS after every K latents (default: latents / 10)\n");
+               "  --sample   read the RSS after every K latents (default: latents / 10)\n"
+               "  --devices  one rank per entry (threads of this process; ranks on one device share the model),\n"
+               "             as videogen devices=; set OMP_NUM_THREADS to the threads each rank should use\n"
+               "  --parallel how the ranks share each iteration's model calls (product = ranks), or auto\n"
+               "             (latent::choose_plan)\n");
   std::exit(code);
 }
 
@@ -99,6 +113,10 @@ Args parse_args(int argc, char** argv) {
       a.width = r.integer(0, 65536);
     else if (k == "--device")
       a.device = r.value();
+    else if (k == "--devices")
+      a.devices = r.value();
+    else if (k == "--parallel")
+      a.parallel = r.value();
     else if (k == "--dtype")
       a.dtype = r.value();
     else if (k == "--threads")
@@ -129,6 +147,36 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+// videogen's parallel= syntax: "cfg=2,ulysses=1,partitions=2" (missing ones are 1); nullopt for "auto".
+std::optional<latent::ParallelPlan> parse_plan(const std::string& text) {
+  if (text.empty() || text == "auto") return std::nullopt;
+  latent::ParallelPlan plan;
+  for (const std::string& item : split_commas(text)) {
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    int* field = key == "cfg"          ? &plan.cfg
+                 : key == "ulysses"    ? &plan.ulysses
+                 : key == "partitions" ? &plan.partitions
+                                       : nullptr;
+    const auto v = eq == std::string::npos ? std::nullopt : latent::bounded_number(item.substr(eq + 1), 1.0, 4096.0);
+    if (!field || !v || *v != double(int(*v)))
+      throw std::invalid_argument("--parallel '" + text + "': '" + item + "' is not cfg=N, ulysses=N or partitions=N");
+    *field = int(*v);
+  }
+  return plan;
+}
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // User plus system CPU time of the process: set against the wall time it tells whether other processes took the
@@ -146,6 +194,7 @@ class TimedDenoiser : public latent::Denoiser {
   explicit TimedDenoiser(std::shared_ptr<const latent::Denoiser> inner)
       : Denoiser(inner->spec(), {inner->device(), inner->dtype()}), inner_(std::move(inner)) {}
   const std::vector<double>& call_seconds() const { return calls_; }
+  const std::shared_ptr<const latent::Denoiser>& inner() const { return inner_; }
 
  protected:
   torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const override {
@@ -208,7 +257,45 @@ int run(const Args& a) {
   synchronize(device);
   const double load_seconds = seconds_since(t_load);
 
-  latent::Generator gen(model, generator_options(a, model->spec()));
+  // With --devices: one model per distinct device (ranks on one device share it, as videogen's do), rank 0's first.
+  std::vector<std::shared_ptr<const latent::Denoiser>> ranks;
+  std::optional<latent::ParallelPlan> plan;
+  if (!a.devices.empty()) {
+    std::vector<std::pair<torch::Device, std::shared_ptr<const latent::Denoiser>>> loaded;
+    for (const std::string& name : split_commas(a.devices)) {
+      const torch::Device d = latent::resolve_device(name);
+      auto same = std::find_if(loaded.begin(), loaded.end(), [&](const auto& p) { return p.first == d; });
+      if (same == loaded.end()) {
+        // Rank 0's device is --device's model already loaded above (its timing wrapper is left out: the ranks
+        // would record calls from several threads at once).
+        auto m = d == device ? timed->inner() : latent::load_denoiser(a.generator, {d, dtype});
+        same = loaded.insert(loaded.end(), {d, m});
+      }
+      ranks.push_back(same->second);
+    }
+  }
+  const latent::GeneratorOptions options = generator_options(a, model->spec());
+  std::unique_ptr<latent::Generator> one;
+  std::unique_ptr<latent::ParallelGenerator> many;
+  if (ranks.size() > 1) {
+    plan = parse_plan(a.parallel);
+    if (!plan)
+      plan = latent::choose_plan(int(ranks.size()), model->spec(), options.guidance, ranks.front()->attention_heads(),
+                                 options.schedule, options.sampler.steps, options.window);
+    if (plan->world() != int(ranks.size()))
+      throw std::invalid_argument("--parallel '" + a.parallel + "' needs " + std::to_string(plan->world()) +
+                                  " devices; --devices lists " + std::to_string(ranks.size()));
+    latent::parallel::GroupOptions group;
+    group.timeout = std::chrono::minutes(10);  // a share of a guided call on shared cores can take minutes
+    many = std::make_unique<latent::ParallelGenerator>(ranks, options, *plan, group);
+  } else {
+    if (a.parallel != "auto") throw std::invalid_argument("--parallel needs --devices with two or more ranks");
+    one = std::make_unique<latent::Generator>(ranks.empty() ? model : ranks.front(), options);
+  }
+  const auto gen_next = [&] { return one ? one->next() : many->next(); };
+  const auto gen_finished = [&] { return one ? one->finished() : many->finished(); };
+  const auto gen_state = [&] { return one ? one->state_bytes() : many->state_bytes(); };
+  const auto gen_calls = [&] { return one ? one->model_calls() : many->model_calls(); };
   std::unique_ptr<latent::StreamingDecoder> decoder;
   if (vae) decoder = std::make_unique<latent::StreamingDecoder>(vae);
   const int64_t tf = model->spec().temporal_factor;
@@ -230,15 +317,17 @@ int run(const Args& a) {
     decode_seconds += seconds_since(t0);
     if (out.defined()) frames += out.size(0);
   };
-  while (!gen.finished()) {
+  std::vector<double> next_seconds;
+  while (!gen_finished()) {
     const auto t0 = Clock::now();
     const double c0 = cpu_seconds();
-    std::vector<latent::GeneratedFrame> made = gen.next();
+    std::vector<latent::GeneratedFrame> made = gen_next();
     synchronize(device);
-    gen_seconds += seconds_since(t0);
+    next_seconds.push_back(seconds_since(t0));
+    gen_seconds += next_seconds.back();
     gen_cpu_seconds += cpu_seconds() - c0;
     if (latents == 0 && !made.empty()) first_latent = seconds_since(start);
-    state_max = std::max(state_max, gen.state_bytes());
+    state_max = std::max(state_max, gen_state());
     for (const latent::GeneratedFrame& f : made) {
       if (decoder) decode(f.latent.squeeze(2), f.index == 0 ? 1 : tf);
       if (!a.save_latents.empty()) kept.push_back(f.latent.to(torch::kCPU));
@@ -259,14 +348,14 @@ int run(const Args& a) {
   // A clip's model calls come step by step, cond then uncond under guidance: a step's time is its calls' sum.
   std::vector<double> step_seconds;
   const std::vector<double>& calls = timed->call_seconds();
-  const int64_t steps = gen.options().sampler.steps;
-  if (gen.options().schedule == latent::ScheduleKind::clip && steps > 0 && int64_t(calls.size()) % steps == 0) {
+  const int64_t steps = options.sampler.steps;
+  if (options.schedule == latent::ScheduleKind::clip && steps > 0 && int64_t(calls.size()) % steps == 0) {
     const size_t per = calls.size() / size_t(steps);
     for (size_t i = 0; i < calls.size(); i += per)
       step_seconds.push_back(std::accumulate(calls.begin() + long(i), calls.begin() + long(i + per), 0.0));
   }
 
-  const latent::GeneratorOptions& o = gen.options();
+  const latent::GeneratorOptions& o = options;
   latent::json::Object out{
       {"impl", "gst-latent"},
       {"generator", a.generator},
@@ -286,7 +375,18 @@ int run(const Args& a) {
       {"latents", Value::integer(latents)},
       {"frames", Value::integer(frames)},
       {"frames_expected", Value::integer(expected_frames)},
-      {"model_calls", Value::integer(gen.model_calls())},
+      {"model_calls", Value::integer(gen_calls())},
+      {"ranks", Value::integer(int64_t(std::max<size_t>(1, ranks.size())))},
+      {"devices", a.devices},
+      {"plan", plan ? latent::describe_plan(*plan) : std::string()},
+      {"plan_cfg", Value::integer(plan ? plan->cfg : 1)},
+      {"plan_ulysses", Value::integer(plan ? plan->ulysses : 1)},
+      {"plan_partitions", Value::integer(plan ? plan->partitions : 1)},
+      {"channels", Value::integer(model->spec().channels)},
+      {"temporal_factor", Value::integer(tf)},
+      {"attention_heads", Value::integer(timed->inner()->attention_heads())},
+      {"iterations", Value::integer(int64_t(next_seconds.size()))},
+      {"next_seconds", Value(reals(next_seconds))},
       {"guidance", Value::real(o.guidance)},
       {"text", a.text},
       {"latents_file", a.save_latents},
@@ -313,7 +413,7 @@ int run(const Args& a) {
     const double mib = 1024.0 * 1024.0;
     std::printf("%lld latents (%s, %lld steps, %lld model calls) in %.2f s: %.2f latents/s, first after %.2f s\n",
                 (long long)latents, latent::schedule_kind_name(o.schedule), (long long)o.sampler.steps,
-                (long long)gen.model_calls(), gen_seconds, double(latents) / gen_seconds, first_latent);
+                (long long)gen_calls(), gen_seconds, double(latents) / gen_seconds, first_latent);
     if (vae)
       std::printf("%lld frames decoded in %.2f s: %.2f frames/s end to end\n", (long long)frames, decode_seconds,
                   double(frames) / wall);

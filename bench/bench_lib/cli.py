@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import flops, generation, models, native_generation, report
+from . import flops, generation, models, native_generation, parallel_generation, report
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_RUNNER = os.path.join(TOP, "bench", "bench_lib", "ref_runner.py")
@@ -429,7 +429,15 @@ def main(argv=None):
                    help="with --generate: instead, the native Wan 2.1 denoiser (a random-weight diffusers folder "
                         "made at bench time) through the clip schedule against diffusers' WanPipeline, with and "
                         "without guidance: time per step, peak RSS, final latents compared")
-    p.add_argument("--steps", type=int, default=0, help="--generate --native: sampler steps per clip (default 5)")
+    p.add_argument("--devices", default="", metavar="D,D[,...]",
+                   help="with --generate: instead, one stream on these ranks (threads of one process, e.g. cpu,cpu) "
+                        "against one device on the same work: cfg 2 (guided native Wan clip), Ulysses (unguided "
+                        "clip) and fifo partitions (default generator); time per step, peak RSS, latents compared, "
+                        "bytes exchanged per step")
+    p.add_argument("--rank-threads", type=int, default=0,
+                   help="--generate --devices: threads per rank (default 1; OMP_NUM_THREADS of the process)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="--generate --native / --devices: sampler steps per clip (default 5 / 4)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: all cores)")
     p.add_argument("--repeat", type=int, default=0, help="measurements per side and case (default: the mode's)")
     p.add_argument("--timeout", type=int, default=0, help="seconds before one measurement is given up")
@@ -471,10 +479,17 @@ def main(argv=None):
     # A terminated run stops its measurement process too (subprocess.run kills the child on an exception).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     mode_name = args.mode
-    if args.native and mode_name != "generate":
-        p.error("--native goes with --generate")
+    if (args.native or args.devices) and mode_name != "generate":
+        p.error("--native and --devices go with --generate")
+    if args.native and args.devices:
+        p.error("--native and --devices are different runs")
     if mode_name == "generate":
         binary = "" if args.render else build_latent_bench(args, "latent-gen-bench")
+        if args.devices:
+            if args.render:
+                with open(args.render) as f:
+                    return parallel_generation.render(json.load(f), args.out)
+            return parallel_generation.run(args, binary, args.out)
         if args.native:
             if args.render:
                 with open(args.render) as f:
