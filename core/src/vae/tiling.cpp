@@ -275,6 +275,17 @@ TileGeometry encoder_tile_geometry(const Vae& vae, const TileOptions& tile) {
   check_model(vae, tile);
   const double sf = double(vae.spec().spatial_factor);
   const int64_t lh = trunc(double(tile.height) / sf), lw = trunc(double(tile.width) / sf);
+  // diffusers would floor a crop that is not a multiple of the size multiple; the port refuses such frames
+  // everywhere, so the tiles and their starts have to land on it.
+  const int64_t m = vae.spec().size_multiple;
+  const int64_t sh = trunc(double(tile.height) * (1.0 - tile.overlap_height)),
+                sw = trunc(double(tile.width) * (1.0 - tile.overlap_width));
+  if (tile.height % m != 0 || tile.width % m != 0 || sh % m != 0 || sw % m != 0) {
+    throw std::invalid_argument("encoder tiles of " + std::to_string(tile.width) + "x" + std::to_string(tile.height) +
+                                " pixels start every " + std::to_string(sw) + "x" + std::to_string(sh) +
+                                " pixels; tile sizes and tile x (1 - overlap) must be multiples of " +
+                                std::to_string(m) + " (e.g. diffusers' default 360x240 with its overlaps)");
+  }
   return {axis(tile.height, trunc(double(tile.height) * (1.0 - tile.overlap_height)),
                trunc(double(lh) * tile.overlap_height), lh, "height"),
           axis(tile.width, trunc(double(tile.width) * (1.0 - tile.overlap_width)),
