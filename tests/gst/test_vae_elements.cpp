@@ -303,6 +303,28 @@ GST_START_TEST(test_decoder_refuses_another_models_latents) {
 }
 GST_END_TEST;
 
+// CogVideoX tiling through the elements (its parity with diffusers' enable_tiling is CogVideoXTiling.* in the core
+// tests): 2x2 tiles of 48 pixels with strides of 40 encode and decode a clip frame for frame; an overlap whose
+// kept parts would not add up to the frame (diffusers would make a frame of another size) and a Wan model, which has
+// no exact tiling yet, are refused with the reason.
+GST_START_TEST(test_cogvideox_tiles_and_wan_refuses_them) {
+  Out tiled;
+  run(src(9, 80, 64) + "vaeencode model=" + cog() + " tile-size=48 tile-overlap=0.1666666666666667 ! vaedecode model=" +
+          cog() + " tile-size=48 tile-overlap=0.1666666666666667 ! appsink name=out",
+      tiled);
+  fail_unless(tiled.error.empty(), "%s", tiled.error.c_str());
+  fail_unless_equals_int(tiled.buffers.size(), 9);
+  fail_unless_equals_int(caps_int(tiled.caps, "width"), 80);
+  Out uneven;
+  run(src(9, 80, 64) + "vaeencode model=" + cog() + " tile-size=48 tile-overlap=0.16 ! appsink name=out", uneven);
+  fail_unless(uneven.error.find("the output would not be the frame's size") != std::string::npos, "got '%s'",
+              uneven.error.c_str());
+  Out refused;
+  run(src(5) + "vaeencode model=" + wan() + " tile-size=48 ! appsink name=out", refused);
+  fail_unless(refused.error.find("tiling is not yet exact") != std::string::npos, "got '%s'", refused.error.c_str());
+}
+GST_END_TEST;
+
 GST_START_TEST(test_round_trip_through_files_equals_direct) {
   const std::string dir = fs::temp_directory_path() / ("latent-rt-" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -609,6 +631,7 @@ static Suite* vae_suite() {
   tcase_add_test(tc, test_latency_is_reported_for_live_sources);
   tcase_add_test(tc, test_errors_reach_the_bus);
   tcase_add_test(tc, test_decoder_refuses_another_models_latents);
+  tcase_add_test(tc, test_cogvideox_tiles_and_wan_refuses_them);
   tcase_add_test(tc, test_round_trip_through_files_equals_direct);
   tcase_add_test(tc, test_state_cycles_do_not_leak);
   tcase_add_test(tc, test_default_model_reconstructs_held_out_footage);

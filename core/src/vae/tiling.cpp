@@ -33,6 +33,15 @@ TileAxis axis(int64_t tile, int64_t stride, int64_t blend, int64_t out_tile, con
     throw std::invalid_argument(std::string("tile ") + what + " too small for the model's " +
                                 "spatial factor and overlap (stride would be 0)");
   }
+  // Each tile keeps out_tile - blend of its output and the next starts `stride` later: unless the two agree at the
+  // output's scale, the kept pieces overlap or leave gaps and the frame comes out the wrong size (diffusers'
+  // enable_tiling does just that with such settings; caps would then lie about the buffers).
+  if (stride * out_tile != (out_tile - blend) * tile)
+    throw std::invalid_argument(std::string("tiles of ") + std::to_string(tile) + " with this overlap start every " +
+                                std::to_string(stride) + " but keep " + std::to_string(out_tile - blend) + " of " +
+                                std::to_string(out_tile) + " (" + what +
+                                "): the output would not be the frame's size; pick an overlap where tile x (1 - "
+                                "overlap) and the kept part agree, e.g. 1/6 for tiles of 48 or 96 pixels");
   return {tile, stride, blend, out_tile - blend};
 }
 
