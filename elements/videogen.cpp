@@ -87,6 +87,9 @@ class Frames {
  public:
   explicit Frames(std::unique_ptr<latent::Generator> one) : one_(std::move(one)) {}
   explicit Frames(std::unique_ptr<latent::ParallelGenerator> many) : many_(std::move(many)) {}
+  // This process's rank of a group of processes (torchrun): `comms` keep the group (and rank 0's store) alive.
+  Frames(std::unique_ptr<latent::Generator> rank, latent::parallel::RankComms comms)
+      : one_(std::move(rank)), comms_(std::move(comms)) {}
   std::vector<latent::GeneratedFrame> next() { return one_ ? one_->next() : many_->next(); }
   bool finished() const { return one_ ? one_->finished() : many_->finished(); }
   void reset() { one_ ? one_->reset() : many_->reset(); }
@@ -101,6 +104,7 @@ class Frames {
  private:
   std::unique_ptr<latent::Generator> one_;
   std::unique_ptr<latent::ParallelGenerator> many_;
+  latent::parallel::RankComms comms_;
 };
 
 // What start() decided for a run: the generator, the caps it makes and how many latents and frames.
@@ -281,25 +285,48 @@ std::optional<latent::ParallelPlan> parse_plan(const std::string& text) {
 
 // The generator for the options: one device's, or, with several ranks, a ParallelGenerator under the plan the
 // parallel property gives (auto: latent::choose_plan).
+// The plan for `n` ranks: the parallel property's, or chosen when it says auto.
+latent::ParallelPlan plan_for(int n, const char* ranks_are, const latent::Denoiser& model,
+                              const latent::GeneratorOptions& o, const Settings& s) {
+  if (auto given = parse_plan(s.parallel)) {
+    if (given->world() != n)
+      throw std::invalid_argument("parallel '" + s.parallel + "' needs " + std::to_string(given->world()) + " " +
+                                  ranks_are + "; there are " + std::to_string(n));
+    return *given;
+  }
+  return latent::choose_plan(n, model.spec(), o.guidance, model.attention_heads(), o.schedule, o.sampler.steps,
+                             o.window);
+}
+
+// torchrun (WORLD_SIZE > 1, no devices): this process is one rank of a plan shared by every process, which meet at
+// rank 0's store (MASTER_ADDR:MASTER_PORT). Every process makes the same latents; each pipeline pushes them.
+std::unique_ptr<Frames> make_process_rank(const std::shared_ptr<const latent::Denoiser>& model,
+                                          const latent::GeneratorOptions& o, const Settings& s, GstElement* element) {
+  const auto env = latent::parallel::LaunchEnv::read();
+  const latent::ParallelPlan plan = plan_for(env.world, "processes (WORLD_SIZE)", *model, o, s);
+  // A sequence group would need a store of its own served by its first rank, which may be on another machine.
+  if (plan.ulysses > 1)
+    throw std::invalid_argument(
+        "ulysses across processes is not supported; use cfg and partitions between "
+        "processes, or devices= (ranks as threads) for ulysses within a machine");
+  GST_INFO_OBJECT(element, "rank %d of %d processes: %s", env.rank, env.world, latent::describe_plan(plan).c_str());
+  latent::parallel::RankComms comms = latent::parallel::join_tcp(env.host, env.port, env.rank, env.world,
+                                                                 model->device(), latent::gst::group_options(s.model));
+  auto rank = latent::make_rank_generator(model, o, plan, comms.collectives);
+  return std::make_unique<Frames>(std::move(rank), std::move(comms));
+}
+
 std::unique_ptr<Frames> make_frames(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks,
                                     const latent::GeneratorOptions& o, const Settings& s, GstElement* element) {
   if (ranks.size() <= 1) {
+    if (latent::parallel::LaunchEnv::present() && latent::parallel::LaunchEnv::read().world > 1)
+      return make_process_rank(ranks.front(), o, s, element);
     if (!s.parallel.empty() && s.parallel != "auto")
       throw std::invalid_argument("parallel '" + s.parallel + "' needs devices (one per rank)");
     return std::make_unique<Frames>(std::make_unique<latent::Generator>(ranks.front(), o));
   }
-  const latent::DenoiserSpec& spec = ranks.front()->spec();
   const int n = int(ranks.size());
-  latent::ParallelPlan plan;
-  if (auto given = parse_plan(s.parallel)) {
-    plan = *given;
-    if (plan.world() != n)
-      throw std::invalid_argument("parallel '" + s.parallel + "' needs " + std::to_string(plan.world()) +
-                                  " devices; devices lists " + std::to_string(n));
-  } else {
-    plan = latent::choose_plan(n, spec, o.guidance, ranks.front()->attention_heads(), o.schedule, o.sampler.steps,
-                               o.window);
-  }
+  const latent::ParallelPlan plan = plan_for(n, "devices", *ranks.front(), o, s);
   GST_INFO_OBJECT(element, "generating on %d devices: %s", n, latent::describe_plan(plan).c_str());
   return std::make_unique<Frames>(
       std::make_unique<latent::ParallelGenerator>(ranks, o, plan, latent::gst::group_options(s.model)));
@@ -695,8 +722,18 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
         "generator", latent::find_default_generator,
         "a .pt2 package from tools/export_denoiser.py or latent-gen-small weights"};
     GST_OBJECT_LOCK(self);
-    const Settings settings = s.settings;
+    Settings settings = s.settings;
     GST_OBJECT_UNLOCK(self);
+    // Under torchrun each process takes its own GPU, as torchrun's LOCAL_RANK says, unless a device is named.
+    if (settings.model.devices.empty() && latent::parallel::LaunchEnv::present() &&
+        (settings.model.device == "auto" || settings.model.device == "cuda") && torch::cuda::is_available()) {
+      try {
+        settings.model.device = "cuda:" + std::to_string(latent::parallel::LaunchEnv::read().local_rank);
+      } catch (const std::exception& e) {
+        GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s", e.what()), ("the torchrun environment"));
+        return GST_STATE_CHANGE_FAILURE;
+      }
+    }
     // One denoiser per device (ranks on one device share it), rank 0's first.
     bool loaded = true;
     std::map<std::string, std::shared_ptr<const latent::Denoiser>> by_device;

@@ -299,7 +299,7 @@ GST_START_TEST(test_bad_text_input_is_named) {
       {"videogen model=" + wan() + " num-frames=1 ! ", "this model needs text: set prompt"},
       {"videogen model=" + wan() + " prompt=fox text-device=cuda:7 num-frames=1 ! ", "cuda"},
       {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=fifo ! ", "fifo"},
-      {wan_gen("prompt=fox devices=cpu,cpu,cpu parallel=cfg=2"), "needs 2 devices; devices lists 3"},
+      {wan_gen("prompt=fox devices=cpu,cpu,cpu parallel=cfg=2"), "needs 2 devices; there are 3"},
       {wan_gen("prompt=fox parallel=cfg=2"), "needs devices"},
       {wan_gen("prompt=fox devices=cpu,cpu parallel=cfg=two"), "is not one of cfg=N"},
       {wan_gen("prompt=fox devices=cpu,cpu,cpu parallel=ulysses=3"), "valid: 1, 2"},
