@@ -61,6 +61,13 @@ StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOption
   reset();
 }
 
+StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options,
+                                   std::shared_ptr<ActivationHeap> heap)
+    : vae_(std::move(vae)), options_(options), heap_(std::move(heap)), shared_heap_(true) {
+  if (!vae_) throw std::invalid_argument("StreamingEncoder needs a model");
+  reset();
+}
+
 StreamingEncoder::~StreamingEncoder() = default;
 
 void StreamingEncoder::reset() {
@@ -68,7 +75,7 @@ void StreamingEncoder::reset() {
   state_->set_shard(options_.shard);
   pending_.clear();
   // After the caches that live in it: the old heap's mappings go back to the system at once.
-  heap_ = ActivationHeap::for_device(vae_->device());
+  if (!shared_heap_) heap_ = ActivationHeap::for_device(vae_->device());
   pending_count_ = frames_in_ = frames_coded_ = latents_out_ = 0;
   width_ = height_ = 0;
   band_first_ = band_rows_ = 0;
@@ -220,13 +227,20 @@ StreamingDecoder::StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOption
   reset();
 }
 
+StreamingDecoder::StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options,
+                                   std::shared_ptr<ActivationHeap> heap)
+    : vae_(std::move(vae)), options_(options), heap_(std::move(heap)), shared_heap_(true) {
+  if (!vae_) throw std::invalid_argument("StreamingDecoder needs a model");
+  reset();
+}
+
 StreamingDecoder::~StreamingDecoder() = default;
 
 void StreamingDecoder::reset() {
   state_ = vae_->new_decoder_state();
   state_->set_shard(options_.shard);
   pending_.clear();
-  heap_ = ActivationHeap::for_device(vae_->device());
+  if (!shared_heap_) heap_ = ActivationHeap::for_device(vae_->device());
   pending_real_.clear();
   latents_in_ = latents_done_ = frames_out_ = 0;
 }

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "memory/heap.h"
+
 namespace latent {
 namespace {
 
@@ -124,7 +126,11 @@ class TiledEncoder : public EncoderStream {
     if (tiles_.empty()) {
       vae_->check_frame_size(w, h);
       crops_ = crops(geometry_, h, w, &per_row_);
-      for (size_t k = 0; k < crops_.size(); ++k) tiles_.push_back(std::make_unique<StreamingEncoder>(vae_, inner_));
+      // The tiles run one after another on this thread, so one heap serves them all: each tile's chunk reuses the
+      // blocks the previous tile's chunk freed, and the stream keeps one tile's activations resident, not one per tile.
+      heap_ = ActivationHeap::for_device(vae_->device());
+      for (size_t k = 0; k < crops_.size(); ++k)
+        tiles_.push_back(std::make_unique<StreamingEncoder>(vae_, inner_, heap_));
       height_ = h;
       width_ = w;
     } else if (h != height_ || w != width_) {
@@ -148,6 +154,7 @@ class TiledEncoder : public EncoderStream {
 
   void reset() override {
     tiles_.clear();
+    heap_.reset();  // after the tiles, whose caches live in it
     crops_.clear();
     height_ = width_ = 0;
   }
@@ -164,11 +171,7 @@ class TiledEncoder : public EncoderStream {
     for (const auto& t : tiles_) n += t->state_bytes();
     return n;
   }
-  size_t heap_bytes() const override {
-    size_t n = 0;
-    for (const auto& t : tiles_) n += t->heap_bytes();
-    return n;
-  }
+  size_t heap_bytes() const override { return heap_ ? heap_->stats().touched : 0; }
   const Vae& vae() const override { return *vae_; }
 
  private:
@@ -186,6 +189,7 @@ class TiledEncoder : public EncoderStream {
   std::shared_ptr<const Vae> vae_;
   TileGeometry geometry_;
   EncoderOptions inner_;
+  std::shared_ptr<ActivationHeap> heap_;
   std::vector<std::unique_ptr<StreamingEncoder>> tiles_;
   std::vector<Crop> crops_;
   size_t per_row_ = 1;
@@ -210,7 +214,11 @@ class TiledDecoder : public DecoderStream {
     const int64_t h = latents.size(2), w = latents.size(3);
     if (tiles_.empty()) {
       crops_ = crops(geometry_, h, w, &per_row_);
-      for (size_t k = 0; k < crops_.size(); ++k) tiles_.push_back(std::make_unique<StreamingDecoder>(vae_, inner_));
+      // The tiles run one after another on this thread, so one heap serves them all: each tile's chunk reuses the
+      // blocks the previous tile's chunk freed, and the stream keeps one tile's activations resident, not one per tile.
+      heap_ = ActivationHeap::for_device(vae_->device());
+      for (size_t k = 0; k < crops_.size(); ++k)
+        tiles_.push_back(std::make_unique<StreamingDecoder>(vae_, inner_, heap_));
       height_ = h;
       width_ = w;
     } else if (h != height_ || w != width_) {
@@ -236,6 +244,7 @@ class TiledDecoder : public DecoderStream {
 
   void reset() override {
     tiles_.clear();
+    heap_.reset();  // after the tiles, whose caches live in it
     crops_.clear();
     height_ = width_ = 0;
   }
@@ -248,11 +257,7 @@ class TiledDecoder : public DecoderStream {
     for (const auto& t : tiles_) n += t->state_bytes();
     return n;
   }
-  size_t heap_bytes() const override {
-    size_t n = 0;
-    for (const auto& t : tiles_) n += t->heap_bytes();
-    return n;
-  }
+  size_t heap_bytes() const override { return heap_ ? heap_->stats().touched : 0; }
   const Vae& vae() const override { return *vae_; }
 
  private:
@@ -266,6 +271,7 @@ class TiledDecoder : public DecoderStream {
   std::shared_ptr<const Vae> vae_;
   TileGeometry geometry_;
   DecoderOptions inner_;
+  std::shared_ptr<ActivationHeap> heap_;
   std::vector<std::unique_ptr<StreamingDecoder>> tiles_;
   std::vector<Crop> crops_;
   size_t per_row_ = 1;

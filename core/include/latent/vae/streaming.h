@@ -82,6 +82,10 @@ class EncoderStream {
 class StreamingEncoder : public EncoderStream {
  public:
   explicit StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options = {});
+  // Streams that take turns on one thread (the tiles of a tiled stream) can share one heap: each chunk reuses
+  // the blocks the previous stream's chunk freed, so they keep one chunk's activations resident, not one each.
+  // `heap` may be null (no heap: the policy's fallback); reset() keeps it.
+  StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options, std::shared_ptr<ActivationHeap> heap);
   ~StreamingEncoder() override;
 
   EncodedLatents push(const torch::Tensor& frames) override;
@@ -105,7 +109,8 @@ class StreamingEncoder : public EncoderStream {
   std::shared_ptr<const Vae> vae_;
   EncoderOptions options_;
   std::unique_ptr<VaeState> state_;
-  std::unique_ptr<ActivationHeap> heap_;  // the model's activations and caches, per clip (core/src/heap.h)
+  std::shared_ptr<ActivationHeap> heap_;  // the model's activations and caches, per clip (core/src/heap.h)
+  bool shared_heap_ = false;              // heap_ came from the caller and outlives the clip
   std::vector<torch::Tensor> pending_;    // [1, C, t, H, W] pieces
   int64_t pending_count_ = 0;
   int64_t frames_in_ = 0;     // real frames accepted since reset
@@ -150,6 +155,8 @@ class DecoderStream {
 class StreamingDecoder : public DecoderStream {
  public:
   explicit StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options = {});
+  // One heap for several streams, as for StreamingEncoder.
+  StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOptions options, std::shared_ptr<ActivationHeap> heap);
   ~StreamingDecoder() override;
 
   using DecoderStream::push;
@@ -170,7 +177,8 @@ class StreamingDecoder : public DecoderStream {
   std::shared_ptr<const Vae> vae_;
   DecoderOptions options_;
   std::unique_ptr<VaeState> state_;
-  std::unique_ptr<ActivationHeap> heap_;
+  std::shared_ptr<ActivationHeap> heap_;
+  bool shared_heap_ = false;
   std::vector<torch::Tensor> pending_;  // [1, C, t, h, w] pieces in VAE space
   std::vector<int64_t> pending_real_;
   int64_t latents_in_ = 0;
