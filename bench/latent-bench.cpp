@@ -65,8 +65,9 @@ struct Args {
   int threads = 0;  // 0: LibTorch's default
   int repeat = 1;
   int warmup = 0;
-  int64_t push = 1;   // frames (encode) or latents (decode) per push
-  int64_t chunk = 0;  // max frames / latents per model call; 0: the engine's default
+  int64_t push = 1;                         // frames (encode) or latents (decode) per push
+  int64_t chunk = 0;                        // max frames / latents per model call; 0: the engine's default
+  int64_t tile_height = 0, tile_width = 0;  // spatial tiles in pixels (CogVideoX); 0: untiled
   uint64_t seed = 0;
   bool json = false;
   std::string profile;  // chrome trace of the last repetition
@@ -78,11 +79,12 @@ struct Args {
                "                    [--direction encode|decode] [--device cpu|cuda|cuda:N] [--devices D0,D1,...]\n"
                "                    [--rank-timeout S] [--dtype auto|float32|...]\n"
                "                    [--threads T] [--repeat R] [--warmup W] [--push P] [--chunk C] [--seed S]\n"
-               "                    [--no-prefault] [--profile TRACE.json] [--json]\n"
+               "                    [--tile HxW] [--no-prefault] [--profile TRACE.json] [--json]\n"
                "  --devices    one stream over ranks as threads, one per entry (patch parallel)\n"
                "  --frames     clip length in frames (decode: the frames the latents stand for, 1 + 4k)\n"
                "  --push       frames (encode) or latents (decode) handed to each push(), as a live source would\n"
                "  --chunk      most frames (encode) / latents (decode) per model call where the family batches\n"
+               "  --tile       spatial tiles of H x W pixels with diffusers' overlaps (CogVideoX's enable_tiling)\n"
                "  --warmup     untimed runs of the same clip before the baseline is taken\n"
                "  --profile    write a LibTorch profiler trace (chrome format) of the last repetition\n");
   std::exit(status);
@@ -124,7 +126,17 @@ Args parse_args(int argc, char** argv) {
       a.push = r.integer(1, kBig);
     else if (k == "--chunk")
       a.chunk = r.integer(0, kBig);
-    else if (k == "--seed")
+    else if (k == "--tile") {
+      const std::string v = r.value();
+      const auto x = v.find('x');
+      if (x == std::string::npos) r.fail("wants HxW in pixels");
+      try {
+        a.tile_height = std::stoll(v.substr(0, x));
+        a.tile_width = std::stoll(v.substr(x + 1));
+      } catch (const std::exception&) {
+        r.fail("wants HxW in pixels");
+      }
+    } else if (k == "--seed")
       a.seed = uint64_t(r.integer(0, kBig));
     else if (k == "--json")
       a.json = true;
@@ -203,6 +215,8 @@ class Bench {
     const latent::VaeSpec& spec = vae_->spec();
     latent::EncoderOptions opt;
     if (a_.chunk > 0) opt.max_chunk_frames = a_.chunk;
+    opt.tile.height = a_.tile_height;
+    opt.tile.width = a_.tile_width;
     opt.shard = shard_;
     const auto stream = latent::open_encoder(ranks_, opt, group());
     latent::EncoderStream& enc = *stream;
@@ -249,6 +263,8 @@ class Bench {
     const latent::VaeSpec& spec = vae_->spec();
     latent::DecoderOptions opt;
     if (a_.chunk > 0) opt.max_chunk_latents = a_.chunk;
+    opt.tile.height = a_.tile_height;
+    opt.tile.width = a_.tile_width;
     opt.shard = shard_;
     const auto stream = latent::open_decoder(ranks_, opt, group());
     latent::DecoderStream& dec = *stream;

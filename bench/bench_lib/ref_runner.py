@@ -59,6 +59,7 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tile", default="", help="HxW pixels: enable_tiling() with these tiles and its default overlaps")
     p.add_argument("--profile", default="", help="write a torch.profiler op table (text) of the last repetition")
     a = p.parse_args(argv)
 
@@ -85,6 +86,9 @@ def main(argv=None):
     vae = cls.from_pretrained(a.model, torch_dtype=dtype, low_cpu_mem_usage=False).to(device).eval()
     sync()
     load_seconds = time.perf_counter() - t0
+    if a.tile:
+        th, tw = (int(v) for v in a.tile.split("x"))
+        vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
     if device.type == "cpu":
         # diffusers' CPU weights are views of a mapping of the safetensors file, faulted in on first use (the
         # engine faults in what it keeps while loading): touch them so the baseline holds the whole model on
