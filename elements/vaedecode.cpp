@@ -34,14 +34,6 @@ enum {
   PROP_TILE_OVERLAP,
 };
 
-// tile-size and tile-overlap as the core's TileOptions; an overlap of 0 keeps diffusers' defaults.
-latent::TileOptions tile_options(guint size, double overlap) {
-  latent::TileOptions t;
-  t.height = t.width = int64_t(size);
-  if (overlap > 0) t.overlap_height = t.overlap_width = overlap;
-  return t;
-}
-
 // A latent waiting for its frames: where they start and how many are real.
 struct Pending {
   GstClockTime pts;
@@ -401,7 +393,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::DecoderOptions opt{int64_t(s.chunk_latents)};
-      opt.tile = tile_options(s.tile_size, s.tile_overlap);
+      opt.tile = latent::gst::tile_options(s.tile_size, s.tile_overlap);
       const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
       s.decoder = latent::gst::make_decoder(element, s.models, opt, settings);
@@ -508,22 +500,7 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
                         "Latents per model call where the model allows batching (Wan); CogVideoX always runs its "
                         "native 2-latent chunks. 1 keeps memory lowest; more can be faster on a GPU",
                         1, 256, 1, rw));
-  g_object_class_install_property(
-      gobject, PROP_TILE_SIZE,
-      g_param_spec_uint(
-          "tile-size", "Tile size",
-          "Spatial tiles of this many pixels square, as diffusers' enable_tiling(tile_sample_min_height=, "
-          "tile_sample_min_width=): each overlapping tile is coded with its own caches and the tiles are blended at "
-          "their borders, so activation memory is that of one tile. CogVideoX only (its GroupNorm spans the frame, so "
-          "the output changes as with diffusers' tiling); refused for Wan, whose tiling is not yet exact. Frames "
-          "within one tile are not tiled. 0 = off",
-          0, 16384, 0, rw));
-  g_object_class_install_property(
-      gobject, PROP_TILE_OVERLAP,
-      g_param_spec_double("tile-overlap", "Tile overlap",
-                          "Fraction of a tile shared with its neighbour when tile-size is set (tile_overlap_factor_*); "
-                          "0 = diffusers' defaults, 1/6 vertically and 1/5 horizontally",
-                          0.0, 0.9, 0.0, rw));
+  latent::gst::install_tile_properties(gobject, PROP_TILE_SIZE, PROP_TILE_OVERLAP, rw);
   g_object_class_install_property(
       gobject, PROP_LATENTS_IN,
       g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64, 0,

@@ -82,6 +82,32 @@ void install_parallel_properties(GObjectClass* klass, const std::string& what, c
                         1, 24 * 3600, 60, GParamFlags(flags | GST_PARAM_MUTABLE_READY)));
 }
 
+void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_id, GParamFlags flags) {
+  g_object_class_install_property(
+      klass, size_id,
+      g_param_spec_uint(
+          "tile-size", "Tile size",
+          "Spatial tiles of this many pixels square, as diffusers' enable_tiling(tile_sample_min_height=, "
+          "tile_sample_min_width=): each overlapping tile is coded with its own caches and the tiles are blended at "
+          "their borders, so activation memory is that of one tile. CogVideoX only (its GroupNorm spans the frame, so "
+          "the output changes as with diffusers' tiling); refused for Wan, whose tiling is not yet exact. Frames "
+          "within one tile are not tiled. 0 = off",
+          0, 16384, 0, flags));
+  g_object_class_install_property(
+      klass, overlap_id,
+      g_param_spec_double("tile-overlap", "Tile overlap",
+                          "Fraction of a tile shared with its neighbour when tile-size is set (tile_overlap_factor_*); "
+                          "0 = diffusers' defaults, 1/6 vertically and 1/5 horizontally",
+                          0.0, 0.9, 0.0, flags));
+}
+
+TileOptions tile_options(guint size, double overlap) {
+  TileOptions t;
+  t.height = t.width = int64_t(size);
+  if (overlap > 0) t.overlap_height = t.overlap_width = overlap;
+  return t;
+}
+
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value) {
   if (id == PROP_RANK_TIMEOUT) {
     GST_OBJECT_LOCK(object);

@@ -42,6 +42,10 @@ void install_model_properties(GObjectClass* klass, const std::string& model_blur
 // form describes patch parallel (vaeencode, vaedecode); the second starts the blurb with `what` instead.
 void install_parallel_properties(GObjectClass* klass, const char* example);
 void install_parallel_properties(GObjectClass* klass, const std::string& what, const char* example);
+// Installs "tile-size" and "tile-overlap" (vaeencode, vaedecode) under the ids given.
+void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_id, GParamFlags flags);
+// tile-size and tile-overlap as the core's TileOptions; an overlap of 0 keeps diffusers' defaults.
+TileOptions tile_options(guint size, double overlap);
 // Handles the model and parallel properties; false for any other id.
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value);
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value);
