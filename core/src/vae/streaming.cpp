@@ -53,6 +53,21 @@ Tensor per_channel(const Tensor& v, const Tensor& like) {
 
 }  // namespace
 
+int64_t band_latent_rows(const Vae& vae, const BandOptions& bands) {
+  if (!bands.enabled()) return 0;
+  const int64_t sf = vae.spec().spatial_factor;
+  if (!vae.exact_bands()) {
+    throw std::invalid_argument(vae.spec().family +
+                                " cannot be computed in exact bands (its norms see the whole frame); use tiles "
+                                "(tile-size) instead, or leave the band height at 0");
+  }
+  if (bands.height % sf != 0) {
+    throw std::invalid_argument("band height must be a multiple of " + std::to_string(sf) + " pixels for " +
+                                vae.spec().family + "; got " + std::to_string(bands.height));
+  }
+  return bands.height / sf;
+}
+
 // ---- encoder ------------------------------------------------------------------------------------------------
 
 StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options)
@@ -73,6 +88,7 @@ StreamingEncoder::~StreamingEncoder() = default;
 void StreamingEncoder::reset() {
   state_ = vae_->new_encoder_state();
   state_->set_shard(options_.shard);
+  state_->set_band_rows(band_latent_rows(*vae_, options_.bands));
   pending_.clear();
   // After the caches that live in it: the old heap's mappings go back to the system at once.
   if (!shared_heap_) heap_ = ActivationHeap::for_device(vae_->device());
@@ -239,6 +255,7 @@ StreamingDecoder::~StreamingDecoder() = default;
 void StreamingDecoder::reset() {
   state_ = vae_->new_decoder_state();
   state_->set_shard(options_.shard);
+  state_->set_band_rows(band_latent_rows(*vae_, options_.bands));
   pending_.clear();
   if (!shared_heap_) heap_ = ActivationHeap::for_device(vae_->device());
   pending_real_.clear();

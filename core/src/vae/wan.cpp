@@ -62,6 +62,19 @@ const std::vector<double> kWan22Std = {0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0
                                        0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
                                        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744};
 
+// Rows [lo, hi) of a frame at one resolution. Band tiling walks the layers backwards from the rows a band keeps
+// to the input rows they depend on (need()); rows past the frame's edges are clipped later, where the layers'
+// zero padding is what the whole frame sees too.
+struct Rows {
+  int64_t lo = 0, hi = 0;
+};
+
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+// A 3x3 convolution with padding 1.
+Rows conv3_need(Rows r) { return {r.lo - 1, r.hi + 1}; }
+
 struct ResBlock {
   Tensor gamma1, gamma2;
   CausalConv3d conv1, conv2;
@@ -83,6 +96,8 @@ struct ResBlock {
     // The shortcut is made last and added into the conv's fresh output, so neither is held through the convs.
     return y.add_(shortcut ? conv1x1x1(x, *shortcut) : x);
   }
+
+  static Rows need(Rows r) { return conv3_need(conv3_need(r)); }
 };
 
 // Per-frame single-head self-attention over the H*W positions (mid blocks only): frames never see each other. A
@@ -177,12 +192,26 @@ struct Resample {
     }
     return x;
   }
+
+  Rows need(Rows r) const {
+    switch (mode) {
+      case ResampleMode::down2d:
+      case ResampleMode::down3d: return {2 * r.lo, 2 * r.hi + 1};  // stride 2, one zero row padded below
+      case ResampleMode::up2d:
+      case ResampleMode::up3d: r = conv3_need(r); return {floor_div(r.lo, 2), ceil_div(r.hi, 2)};
+    }
+    return r;
+  }
 };
 
 using Block = std::variant<ResBlock, Resample>;
 
 Tensor run(const Block& b, const Tensor& x, StateSlots& s) {
   return std::visit([&](const auto& m) { return m.forward(x, s); }, b);
+}
+
+Rows need(const Block& b, Rows r) {
+  return std::visit([&](const auto& m) { return m.need(r); }, b);
 }
 
 // Wan 2.2's down shortcut: every output channel is the mean of `group` consecutive entries of the input's
@@ -236,6 +265,12 @@ struct Level {
     if (up) return h.add_(up->forward(x, first_chunk));
     return h;
   }
+
+  // The shortcuts read 2x2 blocks of what the main path reads anyway.
+  Rows need(Rows r) const {
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) r = latent::need(*it, r);
+    return r;
+  }
 };
 
 // [B, C, T, H, W] -> [B, C p p, T, H/p, W/p]: channel c*p*p + dx*p + dy holds pixel (dy, dx) of each p x p block,
@@ -262,9 +297,6 @@ struct Mid {
     m.res1 = ResBlock::load(r, p + ".resnets.1", c, c, slots);
     return m;
   }
-  Tensor forward(const Tensor& x, StateSlots& s) const {
-    return res1.forward(attn.forward(res0.forward(x, s), s.shard), s);
-  }
 };
 
 class WanVae : public Vae {
@@ -283,11 +315,9 @@ class WanVae : public Vae {
 
   Tensor encode_step(VaeState& state, const Tensor& x) const override {
     StateSlots& s = SlotState::of(state);
-    Tensor h = enc_in_.forward(patchify(x, patch_), s);
-    for (const auto& level : down_) h = level.forward(h, s, false);
-    h = enc_mid_.forward(h, s);
-    h = conv_silu_rms_norm(enc_out_, h, enc_norm_, s);
-    return conv1x1x1(h, quant_);
+    if (banded(state, x.size(3) / spec_.spatial_factor)) return encode_banded(SlotState::from(state), x);
+    Tensor h = enc_mid_.attn.forward(encode_front(x, s), s.shard);
+    return encode_back(h, s);
   }
 
   Tensor decode_step(VaeState& state, const Tensor& z) const override {
@@ -297,14 +327,127 @@ class WanVae : public Vae {
       first = !s.started[first_slot_];
       s.started[first_slot_] = true;
     }
-    Tensor h = dec_in_.forward(conv1x1x1(z, post_quant_), s);
-    h = dec_mid_.forward(h, s);
-    for (const auto& level : up_) h = level.forward(h, s, first);
-    h = conv_silu_rms_norm(dec_out_, h, dec_norm_, s);
-    return unpatchify(h, patch_).clamp(-1, 1);
+    if (banded(state, z.size(3))) return decode_banded(SlotState::from(state), z, first);
+    Tensor h = dec_mid_.attn.forward(decode_front(z, s), s.shard);
+    return decode_back(h, s, first);
+  }
+
+  bool exact_bands() const override { return true; }
+
+  int64_t band_halo(VaeState::Role role) const override {
+    // The rows a band of one latent row needs, less that row, on the side that needs more.
+    if (role == VaeState::Role::encoder) {
+      const Rows in = encode_front_need({0, 1});
+      return std::max(-in.lo, in.hi - spec_.spatial_factor);
+    }
+    const Rows in = decode_back_need({0, spec_.spatial_factor});
+    return std::max(-in.lo, in.hi - 1);
   }
 
  private:
+  // Each direction is three stages: the layers before the mid block's attention, the attention, and the layers
+  // after it. The attention is the one layer that looks across the whole frame, at latent resolution; the
+  // others are causal in time and 3x3 in space, so the stages around it can run in bands.
+  Tensor encode_front(const Tensor& x, StateSlots& s) const {
+    Tensor h = enc_in_.forward(patchify(x, patch_), s);
+    for (const auto& level : down_) h = level.forward(h, s, false);
+    return enc_mid_.res0.forward(h, s);
+  }
+  Tensor encode_back(const Tensor& h, StateSlots& s) const {
+    Tensor y = conv_silu_rms_norm(enc_out_, enc_mid_.res1.forward(h, s), enc_norm_, s);
+    return conv1x1x1(y, quant_);
+  }
+  Tensor decode_front(const Tensor& z, StateSlots& s) const {
+    return dec_mid_.res0.forward(dec_in_.forward(conv1x1x1(z, post_quant_), s), s);
+  }
+  Tensor decode_back(const Tensor& h, StateSlots& s, bool first) const {
+    Tensor y = dec_mid_.res1.forward(h, s);
+    for (const auto& level : up_) y = level.forward(y, s, first);
+    y = conv_silu_rms_norm(dec_out_, y, dec_norm_, s);
+    return unpatchify(y, patch_).clamp(-1, 1);
+  }
+
+  // The input rows each stage's output rows depend on (pixels for the encoder's front, latent rows elsewhere).
+  Rows encode_front_need(Rows r) const {
+    r = ResBlock::need(r);
+    for (auto it = down_.rbegin(); it != down_.rend(); ++it) r = it->need(r);
+    r = conv3_need(r);
+    return {r.lo * patch_, r.hi * patch_};
+  }
+  static Rows back_need(Rows r) { return ResBlock::need(conv3_need(r)); }  // res1 and the out conv (or conv_in, res0)
+  Rows decode_back_need(Rows r) const {
+    r = conv3_need({floor_div(r.lo, patch_), ceil_div(r.hi, patch_)});
+    for (auto it = up_.rbegin(); it != up_.rend(); ++it) r = it->need(r);
+    return ResBlock::need(r);
+  }
+
+  bool banded(const VaeState& state, int64_t latent_rows) const {
+    return state.band_rows() > 0 && latent_rows > state.band_rows() && !state.shard();
+  }
+
+  // Runs `stage` over bands of output rows. Band k's input is the crop of `x` (rows along dim 3) holding every
+  // row its kept rows depend on, widened to multiples of `align` (the downsamplers' phase), and its caches are
+  // slots[k]. `scale` is output rows per input row, `inverse` true when it is input rows per output row.
+  template <class Need, class Stage>
+  Tensor run_bands(const Tensor& x, const std::vector<Rows>& out_bands, int64_t scale, bool inverse, int64_t align,
+                   Need need, std::vector<StateSlots>& slots, Stage stage) const {
+    const int64_t in_rows = x.size(3);
+    auto out_of = [&](int64_t in_row) { return inverse ? in_row / scale : in_row * scale; };
+    Tensor out;
+    for (size_t k = 0; k < out_bands.size(); ++k) {
+      const Rows keep = out_bands[k], in = need(keep);
+      const int64_t lo = std::max<int64_t>(0, floor_div(in.lo, align) * align);
+      const int64_t hi = std::min(in_rows, ceil_div(in.hi, align) * align);
+      Tensor y = stage(x.narrow(3, lo, hi - lo).contiguous(), slots[k]);
+      if (y.size(3) != out_of(hi) - out_of(lo)) throw std::logic_error("band stage returned the wrong rows");
+      if (!out.defined()) {
+        auto sizes = y.sizes().vec();
+        sizes[3] = out_bands.back().hi;
+        out = torch::empty(sizes, y.options());
+      }
+      out.narrow(3, keep.lo, keep.hi - keep.lo).copy_(y.narrow(3, keep.lo - out_of(lo), keep.hi - keep.lo));
+    }
+    return out;
+  }
+
+  // Bands of `rows` latent rows over a frame of `latent_rows`, scaled to a stage's output rows.
+  static std::vector<Rows> bands_of(int64_t latent_rows, int64_t rows, int64_t scale) {
+    std::vector<Rows> out;
+    for (int64_t lo = 0; lo < latent_rows; lo += rows)
+      out.push_back({lo * scale, std::min(lo + rows, latent_rows) * scale});
+    return out;
+  }
+
+  std::vector<StateSlots>& band_slots(SlotState& state, size_t count, size_t slots) const {
+    if (state.bands.empty()) state.bands.assign(count, StateSlots(slots));
+    if (state.bands.size() != count) throw std::logic_error("band count changed within a clip");
+    return state.bands;
+  }
+
+  Tensor encode_banded(SlotState& state, const Tensor& x) const {
+    const int64_t sf = spec_.spatial_factor, latent_rows = x.size(3) / sf;
+    const auto bands = bands_of(latent_rows, state.band_rows(), 1);
+    auto& slots = band_slots(state, bands.size(), enc_slots_);
+    Tensor h = run_bands(
+        x, bands, sf, true, sf, [&](Rows r) { return encode_front_need(r); }, slots,
+        [&](const Tensor& crop, StateSlots& s) { return encode_front(crop, s); });
+    h = enc_mid_.attn.forward(h, nullptr);
+    return run_bands(h, bands, 1, false, 1, back_need, slots,
+                     [&](const Tensor& crop, StateSlots& s) { return encode_back(crop, s); });
+  }
+
+  Tensor decode_banded(SlotState& state, const Tensor& z, bool first) const {
+    const int64_t sf = spec_.spatial_factor, latent_rows = z.size(3);
+    const auto bands = bands_of(latent_rows, state.band_rows(), 1);
+    auto& slots = band_slots(state, bands.size(), dec_slots_);
+    Tensor h = run_bands(z, bands, 1, false, 1, back_need, slots,
+                         [&](const Tensor& crop, StateSlots& s) { return decode_front(crop, s); });
+    h = dec_mid_.attn.forward(h, nullptr);
+    return run_bands(
+        h, bands_of(latent_rows, state.band_rows(), sf), sf, false, 1, [&](Rows r) { return decode_back_need(r); },
+        slots, [&](const Tensor& crop, StateSlots& s) { return decode_back(crop, s, first); });
+  }
+
   static VaeSpec make_spec(const WanConfig& cfg, const WeightSource& src) {
     VaeSpec s;
     s.family = cfg.residual ? "wan2.2" : "wan2.1";

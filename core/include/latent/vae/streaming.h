@@ -40,6 +40,20 @@ struct TileOptions {
   bool enabled() const { return height > 0 || width > 0; }
 };
 
+// Exact spatial bands (families with Vae::exact_bands(): Wan 2.1 and 2.2). Each chunk is computed depth-first in
+// bands of `height` pixel rows: the layers before the mid-block attention and those after it run band by band,
+// each band from its own rows plus the context its convolutions read (recomputed, not exchanged) and with its
+// own temporal caches; only the attention, at latent resolution, sees the whole frame. The result equals whole
+// frames' (to float rounding), with activation memory that follows the band, not the frame.
+struct BandOptions {
+  int64_t height = 0;  // pixel rows per band, a multiple of the model's spatial factor; 0 = whole frames
+  bool enabled() const { return height > 0; }
+};
+
+// The band height in latent rows for `vae`; 0 when `bands` is off. Throws std::invalid_argument for a family
+// without exact bands or a height that is not a positive multiple of the spatial factor.
+int64_t band_latent_rows(const Vae& vae, const BandOptions& bands);
+
 struct EncoderOptions {
   // Draw z = mean + std * noise instead of the posterior mean; the noise comes from a CPU generator seeded
   // with `seed`, so a sample is the same on every device.
@@ -52,6 +66,7 @@ struct EncoderOptions {
   std::shared_ptr<const parallel::RowShard> shard;
   // Spatial tiles (open_encoder() only). Tiled encoding gives the posterior mean; `sample` is refused with it.
   TileOptions tile;
+  BandOptions bands;
 };
 
 // A stream of frames in, latents out: one device (StreamingEncoder) or a patch-parallel group of threads
@@ -129,6 +144,7 @@ struct DecoderOptions {
   std::shared_ptr<const parallel::RowShard> shard;
   // Spatial tiles (open_decoder() only).
   TileOptions tile;
+  BandOptions bands;
 };
 
 // Latents in, frames out: one device (StreamingDecoder) or a patch-parallel group (ShardedDecoder).

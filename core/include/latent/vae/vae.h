@@ -32,12 +32,18 @@ class VaeState {
   // encode_chunk/decode_chunk are that band of the frames. Null for whole frames.
   void set_shard(std::shared_ptr<const parallel::RowShard> shard) { shard_ = std::move(shard); }
   const parallel::RowShard* shard() const { return shard_.get(); }
+  // Spatial bands (Vae::exact_bands()): each chunk is computed depth-first in bands of this many latent rows,
+  // each band from a crop of its input wide enough for every row it keeps, with caches of its own; the result
+  // is the whole frame's. 0 (the default) computes whole frames.
+  void set_band_rows(int64_t latent_rows) { band_rows_ = latent_rows; }
+  int64_t band_rows() const { return band_rows_; }
 
  private:
   friend class Vae;
   Role role_ = Role::encoder;
   const Vae* model_ = nullptr;
   std::shared_ptr<const parallel::RowShard> shard_;
+  int64_t band_rows_ = 0;
 };
 
 // How a family cuts time into chunks. The first chunk holds `first` frames (latents when decoding); every
@@ -90,6 +96,14 @@ class Vae {
 
   // Throws ModelError with the accepted sizes when width or height cannot be encoded.
   void check_frame_size(int64_t width, int64_t height) const;
+
+  // Whether VaeState::set_band_rows() computes the same result as whole frames (the Wan family, whose only
+  // layer that sees the whole frame is the latent-resolution attention); families without it ignore bands.
+  virtual bool exact_bands() const { return false; }
+  // Rows of context a band needs beyond its own on each side, in the input of the stages that run in bands
+  // (pixels when encoding, latent rows when decoding); 0 where exact_bands() is false. For documentation
+  // and memory estimates.
+  virtual int64_t band_halo(VaeState::Role /*role*/) const { return 0; }
 
  protected:
   Vae(VaeSpec spec, LoadOptions options) : spec_(std::move(spec)), options_(options) {}

@@ -1,0 +1,138 @@
+// Exact spatial bands for the Wan family: a stream computed band by band (each band from a crop with the rows
+// its convolutions read, with its own caches) equals the whole-frame stream, for Wan 2.1 and Wan 2.2 configs,
+// the shipped default model, and band heights from one latent row (far smaller than the halo) to one band.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "latent/runtime/default_model.h"
+#include "latent/vae/streaming.h"
+#include "latent/vae/vae.h"
+#include "vae_fixtures.h"
+
+using namespace latent;
+using namespace latent::testing;
+
+namespace {
+
+// Both sides run the same float32 operations on the same values; only convolutions over crops of other heights
+// may sum in another order (oneDNN picks blockings by shape), a few ulp per layer.
+constexpr double kTol = 1e-5;
+
+// Irregular pushes, so bands meet every chunk shape the stream makes (1 frame, 4k frames, a padded tail).
+const std::vector<int64_t> kPushes = {2, 1, 7, 3};
+
+EncodedLatents encode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& frames, int64_t band) {
+  EncoderOptions opt;
+  opt.bands.height = band;
+  StreamingEncoder enc(vae, opt);
+  EncodedLatents all;
+  std::vector<torch::Tensor> parts;
+  for (int64_t i = 0, k = 0; i < frames.size(0); ++k) {
+    const int64_t n = std::min(kPushes[size_t(k) % kPushes.size()], frames.size(0) - i);
+    auto e = enc.push(frames.slice(0, i, i + n));
+    if (e.latents.defined()) parts.push_back(e.latents);
+    i += n;
+  }
+  auto e = enc.finish();
+  if (e.latents.defined()) parts.push_back(e.latents);
+  all.latents = torch::cat(parts, 0);
+  return all;
+}
+
+torch::Tensor decode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& latents, int64_t band) {
+  DecoderOptions opt;
+  opt.bands.height = band;
+  opt.max_chunk_latents = 2;
+  StreamingDecoder dec(vae, opt);
+  std::vector<torch::Tensor> parts;
+  for (int64_t i = 0, k = 0; i < latents.size(0); ++k) {
+    const int64_t n = std::min<int64_t>(1 + k % 2, latents.size(0) - i);
+    auto f = dec.push(latents.slice(0, i, i + n));
+    if (f.defined()) parts.push_back(f);
+    i += n;
+  }
+  auto f = dec.finish();
+  if (f.defined()) parts.push_back(f);
+  return torch::cat(parts, 0);
+}
+
+// Frames with structure at every scale, so rows far apart differ and a band that read the wrong rows shows.
+torch::Tensor frames(int64_t t, int64_t h, int64_t w) {
+  torch::manual_seed(7);
+  return (torch::rand({t, 3, h, w}) * 2 - 1).clamp(-1, 1);
+}
+
+void expect_bands_exact(const std::shared_ptr<const Vae>& vae, int64_t h, int64_t w,
+                        const std::vector<int64_t>& latent_band_rows) {
+  const int64_t sf = vae->spec().spatial_factor;
+  const torch::Tensor x = frames(9, h, w);
+  const torch::Tensor whole = encode(vae, x, 0).latents;
+  const torch::Tensor whole_frames = decode(vae, whole, 0);
+  for (int64_t rows : latent_band_rows) {
+    SCOPED_TRACE("bands of " + std::to_string(rows) + " latent rows (" + std::to_string(rows * sf) + " px), " +
+                 std::to_string(h) + "x" + std::to_string(w));
+    const torch::Tensor banded = encode(vae, x, rows * sf).latents;
+    EXPECT_LE(rel_err(banded, whole), kTol);
+    EXPECT_LE(rel_err(decode(vae, whole, rows * sf), whole_frames), kTol);
+  }
+}
+
+}  // namespace
+
+TEST(WanBands, HaloIsStatedPerDirection) {
+  LATENT_REQUIRE_FIXTURES();
+  auto vae = load_vae(fixtures_dir() / "wan");
+  // num_res_blocks 1, four levels: encoder 1 + ((((2 + 2) * 2 + 2) * 2 + 2) * 2 + 2) px above, decoder rows
+  // from res1, three up levels and conv_out. Bands of one row must be correct however far this reaches.
+  EXPECT_GT(vae->band_halo(VaeState::Role::encoder), 4 * vae->spec().spatial_factor);
+  EXPECT_GT(vae->band_halo(VaeState::Role::decoder), 4);
+}
+
+TEST(WanBands, Wan21EqualsWholeFrames) {
+  LATENT_REQUIRE_FIXTURES();
+  // 20 latent rows: bands of 1 (every crop mostly halo), 3 (the last band shorter), 7, 20 (one band).
+  expect_bands_exact(load_vae(fixtures_dir() / "wan"), 160, 40, {1, 3, 7, 20});
+}
+
+TEST(WanBands, Wan22EqualsWholeFrames) {
+  LATENT_REQUIRE_FIXTURES();
+  // Spatial factor 16 (2x2 patches): 12 latent rows.
+  expect_bands_exact(load_vae(fixtures_dir() / "wan22"), 192, 32, {1, 5, 12});
+}
+
+TEST(WanBands, DefaultModelEqualsWholeFrames) { expect_bands_exact(load_vae(find_default_model()), 176, 48, {2, 9}); }
+
+TEST(WanBands, RefusedWhereNotExact) {
+  LATENT_REQUIRE_FIXTURES();
+  auto cog = load_vae(fixtures_dir() / "cogvideox");
+  EncoderOptions opt;
+  opt.bands.height = 64;
+  try {
+    StreamingEncoder enc(cog, opt);
+    FAIL() << "CogVideoX accepted bands";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tile-size"), std::string::npos) << e.what();
+  }
+  opt.bands.height = 12;
+  try {
+    StreamingEncoder enc(load_vae(fixtures_dir() / "wan"), opt);
+    FAIL() << "a band height off the spatial factor was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(WanBands, StateKeepsEveryBandsCaches) {
+  LATENT_REQUIRE_FIXTURES();
+  auto vae = load_vae(fixtures_dir() / "wan");
+  EncoderOptions opt;
+  opt.bands.height = 40;  // 4 bands over 160 rows
+  StreamingEncoder banded(vae, opt), whole(vae);
+  const torch::Tensor x = frames(5, 160, 40);
+  banded.push(x);
+  whole.push(x);
+  // Each band carries caches of its own crop, and the crops overlap: more rows than the frame's in all.
+  EXPECT_GT(banded.state_bytes(), whole.state_bytes());
+  banded.reset();
+  EXPECT_EQ(banded.state_bytes(), 0u);
+}
