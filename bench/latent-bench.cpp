@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,8 @@ struct Args {
   int64_t push = 1;                         // frames (encode) or latents (decode) per push
   int64_t chunk = 0;                        // max frames / latents per model call; 0: the engine's default
   int64_t tile_height = 0, tile_width = 0;  // spatial tiles in pixels (CogVideoX); 0: untiled
+  int64_t band_height = 0;                  // exact spatial bands in pixel rows (Wan); 0: whole frames
+  std::string dump;                         // raw float32 output, written as it comes out (not timed)
   uint64_t seed = 0;
   bool json = false;
   std::string profile;  // chrome trace of the last repetition
@@ -79,12 +82,17 @@ struct Args {
                "                    [--direction encode|decode] [--device cpu|cuda|cuda:N] [--devices D0,D1,...]\n"
                "                    [--rank-timeout S] [--dtype auto|float32|...]\n"
                "                    [--threads T] [--repeat R] [--warmup W] [--push P] [--chunk C] [--seed S]\n"
-               "                    [--tile HxW] [--no-prefault] [--profile TRACE.json] [--json]\n"
+               "                    [--tile HxW] [--band H] [--dump OUT.f32] [--profile TRACE.json] [--json]\n"
                "  --devices    one stream over ranks as threads, one per entry (patch parallel)\n"
                "  --frames     clip length in frames (decode: the frames the latents stand for, 1 + 4k)\n"
                "  --push       frames (encode) or latents (decode) handed to each push(), as a live source would\n"
                "  --chunk      most frames (encode) / latents (decode) per model call where the family batches\n"
                "  --tile       spatial tiles of H x W pixels with diffusers' overlaps (CogVideoX's enable_tiling)\n"
+               "  --band       exact spatial bands of H pixel rows (a multiple of the spatial factor; Wan family):\n"
+               "               each band is computed from a crop with its halo, only the latent attention sees the\n"
+               "               whole frame; same output as whole frames\n"
+               "  --dump       write the output (encode: VAE-space latents, decode: frames) as raw float32 in\n"
+               "               [T, C, H, W] order, outside the timed spans, for comparing runs"
                "  --warmup     untimed runs of the same clip before the baseline is taken\n"
                "  --profile    write a LibTorch profiler trace (chrome format) of the last repetition\n");
   std::exit(status);
@@ -136,7 +144,11 @@ Args parse_args(int argc, char** argv) {
       } catch (const std::exception&) {
         r.fail("wants HxW in pixels");
       }
-    } else if (k == "--seed")
+    } else if (k == "--band")
+      a.band_height = r.integer(0, kBig);
+    else if (k == "--dump")
+      a.dump = r.value();
+    else if (k == "--seed")
       a.seed = uint64_t(r.integer(0, kBig));
     else if (k == "--json")
       a.json = true;
@@ -194,7 +206,16 @@ class Bench {
 
   int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
 
-  RunResult run() { return a_.direction == "encode" ? run_encode() : run_decode(); }
+  RunResult run() {
+    open_dump();
+    RunResult r = a_.direction == "encode" ? run_encode() : run_decode();
+    if (dump_) {
+      dump_->close();
+      if (!*dump_) throw std::runtime_error("writing " + a_.dump + " failed");
+      dump_.reset();
+    }
+    return r;
+  }
 
  private:
   void record(RunResult& r, double dt, double cpu, Clock::time_point start, bool produced) {
@@ -209,6 +230,17 @@ class Bench {
   void check(RunResult& r, const torch::Tensor& t) {
     r.abs_sum += t.to(torch::kDouble).abs().sum().item<double>();
     r.elements += t.numel();
+    if (dump_) {
+      const torch::Tensor c = t.to(torch::kCPU, torch::kFloat).contiguous();
+      dump_->write(static_cast<const char*>(c.data_ptr()), std::streamsize(c.numel() * sizeof(float)));
+    }
+  }
+
+  // Each run rewrites the dump, so it holds the last repetition's output.
+  void open_dump() {
+    if (a_.dump.empty()) return;
+    dump_ = std::make_unique<std::ofstream>(a_.dump, std::ios::binary | std::ios::trunc);
+    if (!*dump_) throw std::runtime_error("cannot write " + a_.dump);
   }
 
   RunResult run_encode() {
@@ -217,6 +249,7 @@ class Bench {
     if (a_.chunk > 0) opt.max_chunk_frames = a_.chunk;
     opt.tile.height = a_.tile_height;
     opt.tile.width = a_.tile_width;
+    opt.bands.height = a_.band_height;
     opt.shard = shard_;
     const auto stream = latent::open_encoder(ranks_, opt, group());
     latent::EncoderStream& enc = *stream;
@@ -265,6 +298,7 @@ class Bench {
     if (a_.chunk > 0) opt.max_chunk_latents = a_.chunk;
     opt.tile.height = a_.tile_height;
     opt.tile.width = a_.tile_width;
+    opt.bands.height = a_.band_height;
     opt.shard = shard_;
     const auto stream = latent::open_decoder(ranks_, opt, group());
     latent::DecoderStream& dec = *stream;
@@ -320,6 +354,7 @@ class Bench {
   std::shared_ptr<const latent::Vae> vae_;
   std::vector<std::shared_ptr<const latent::Vae>> ranks_;
   std::shared_ptr<const latent::parallel::RowShard> shard_;
+  std::unique_ptr<std::ofstream> dump_;
 };
 
 double median(std::vector<double> v) {
@@ -392,6 +427,11 @@ int run(const Args& a) {
   // No prefaulting here: loading already made the weights the model keeps resident and released the rest
   // (latent::settle_residency), so the baseline below is the memory a real process holds after loading.
 
+  const int64_t band_rows = latent::band_latent_rows(*vae, latent::BandOptions{a.band_height});
+  const int64_t band_halo =
+      a.band_height > 0 ? vae->band_halo(a.direction == "encode" ? latent::VaeState::Role::encoder
+                                                                 : latent::VaeState::Role::decoder)
+                        : 0;
   Bench bench(a, vae, ranks, shard);
   for (int i = 0; i < a.warmup; ++i) bench.run();
 
@@ -446,6 +486,14 @@ int run(const Args& a) {
       {"latents", Value::integer(bench.latent_count())},
       {"push", Value::integer(a.push)},
       {"chunk", Value::integer(a.chunk)},
+      {"tile_height", Value::integer(a.tile_height)},
+      {"tile_width", Value::integer(a.tile_width)},
+      // Exact bands: pixel rows per band (0: whole frames), in latent rows, and the halo each band recomputes
+      // (pixels when encoding, latent rows when decoding).
+      {"band_height", Value::integer(a.band_height)},
+      {"band_rows", Value::integer(band_rows)},
+      {"band_halo", Value::integer(band_halo)},
+      {"dump", a.dump},
       {"seed", Value::unsigned_integer(a.seed)},
       {"threads", Value::integer(torch::get_num_threads())},
       {"interop_threads", Value::integer(torch::get_num_interop_threads())},

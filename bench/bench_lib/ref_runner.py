@@ -3,7 +3,8 @@ latent-bench so the two can be tabulated together.
 
   python bench/bench_lib/ref_runner.py --model DIR --frames N --height H --width W --direction encode|decode
                                        [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--threads T]
-                                       [--repeat R] [--warmup W] [--seed S]
+                                       [--repeat R] [--warmup W] [--seed S] [--tile HxW|default]
+                                       [--dump OUT.f32]
 
 Input: the same seeded values latent-bench uses. encode: torch.rand over [T, 3, H, W] * 2 - 1 from a CPU
 generator seeded with --seed (latent-bench draws the same stream frame by frame), as [1, 3, T, H, W].
@@ -13,6 +14,11 @@ torch.set_num_threads(T). Memory: VmRSS after the model is loaded (and after any
 peak (VmHWM) is reset then through /proc/self/clear_refs, so the peak above baseline includes the input clip,
 which diffusers' API needs whole. Weights are touched after loading (they are lazily mapped pages), so the
 baseline holds the whole model, as latent-bench's does after the engine's load. On CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats.
+Tiles: --tile HxW calls vae.enable_tiling() with tiles of H x W pixels and the class's default overlaps
+(CogVideoX: 1/6 of the height and 1/5 of the width; Wan: strides of 3/4 of the tile, as its 256/192 defaults);
+--tile default calls enable_tiling() with no arguments (Wan: 256x256 tiles at a stride of 192).
+--dump writes the output (encode: latent_dist.mean, decode: the frames) as raw float32 in [T, C, H, W] order,
+the layout latent-bench --dump writes, after the measurement.
 """
 import argparse
 import json
@@ -59,7 +65,10 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tile", default="", help="HxW pixels: enable_tiling() with these tiles and its default overlaps")
+    p.add_argument("--tile", default="",
+                   help="HxW pixels: enable_tiling() with these tiles and its default overlaps; 'default': "
+                        "enable_tiling() with its defaults")
+    p.add_argument("--dump", default="", help="write the last output as raw float32, [T, C, H, W]")
     p.add_argument("--profile", default="", help="write a torch.profiler op table (text) of the last repetition")
     a = p.parse_args(argv)
 
@@ -86,9 +95,23 @@ def main(argv=None):
     vae = cls.from_pretrained(a.model, torch_dtype=dtype, low_cpu_mem_usage=False).to(device).eval()
     sync()
     load_seconds = time.perf_counter() - t0
-    if a.tile:
+    tiling = None
+    if a.tile == "default":
+        vae.enable_tiling()
+    elif a.tile:
         th, tw = (int(v) for v in a.tile.split("x"))
-        vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
+        if cls_name == "AutoencoderKLWan":
+            # Wan's enable_tiling() takes strides, not overlap factors; its defaults are 256-pixel tiles at a
+            # stride of 192, so keep that ratio (a stride above the tile would leave gaps).
+            vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw,
+                              tile_sample_stride_height=th * 3 // 4, tile_sample_stride_width=tw * 3 // 4)
+        else:
+            vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
+    if a.tile:
+        tiling = {k: getattr(vae, k) for k in ("tile_sample_min_height", "tile_sample_min_width",
+                                               "tile_sample_stride_height", "tile_sample_stride_width",
+                                               "tile_overlap_factor_height", "tile_overlap_factor_width")
+                  if hasattr(vae, k)}
     if device.type == "cpu":
         # diffusers' CPU weights are views of a mapping of the safetensors file, faulted in on first use (the
         # engine faults in what it keeps while loading): touch them so the baseline holds the whole model on
@@ -199,7 +222,12 @@ def main(argv=None):
         "rss_peak_above_baseline_bytes": rss_peak - rss_baseline,
         "rss_end_bytes": status_bytes("VmRSS"),
         "rss_peak_reset": hwm_reset,
+        "tile": a.tile,
+        "tiling": tiling,
+        "dump": a.dump,
     }
+    if a.dump:
+        out[0].permute(1, 0, 2, 3).to("cpu", torch.float32).contiguous().numpy().tofile(a.dump)
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
         res["gpu_memory"] = {
