@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import flops, generation, models, native_generation, parallel_generation, report
+from . import flops, generation, models, native_generation, parallel_generation, report, spatial
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_RUNNER = os.path.join(TOP, "bench", "bench_lib", "ref_runner.py")
@@ -434,6 +434,24 @@ def main(argv=None):
                         "against one device on the same work: cfg 2 (guided native Wan clip), Ulysses (unguided "
                         "clip) and fifo partitions (default generator); time per step, peak RSS, latents compared, "
                         "bytes exchanged per step")
+    p.add_argument("--spatial", action="store_true",
+                   help="with --memory: instead, exact spatial bands of the Wan family at large frame sizes: for each "
+                        "size (--resolutions) and model (--spatial-models), encode and decode of --frames (default "
+                        "1) with gst-latent untiled and in bands of --bands pixel rows, diffusers untiled and with "
+                        "enable_tiling(), each in its own process: seconds, peak RSS above the model, ratios, max "
+                        "difference against untiled; configurations extrapolated past --max-seconds or "
+                        "--max-rss-gib are skipped and said so (results: spatial-memory-results.*)")
+    p.add_argument("--resolutions", nargs="+", type=parse_size, metavar="HxW",
+                   help="--spatial: frame sizes (default 720x1280 1080x1920 2160x3840)")
+    p.add_argument("--bands", nargs="+", type=int, metavar="H",
+                   help="--spatial: band heights in pixel rows (default 64 128 256)")
+    p.add_argument("--spatial-models", nargs="+", choices=("default", "wan2.1"),
+                   help="--spatial: models (default: the embedded default model, then real-width Wan 2.1)")
+    p.add_argument("--max-seconds", type=float, default=180,
+                   help="--spatial: skip a configuration whose time extrapolated from a smaller size exceeds this "
+                        "(default 180)")
+    p.add_argument("--max-rss-gib", type=float, default=20,
+                   help="--spatial: skip a configuration whose extrapolated peak RSS exceeds this (default 20)")
     p.add_argument("--rank-threads", type=int, default=0,
                    help="--generate --devices: threads per rank (default 1; OMP_NUM_THREADS of the process)")
     p.add_argument("--steps", type=int, default=0,
@@ -483,6 +501,18 @@ def main(argv=None):
         p.error("--native and --devices go with --generate")
     if args.native and args.devices:
         p.error("--native and --devices are different runs")
+    if args.spatial:
+        if mode_name != "memory":
+            p.error("--spatial goes with --memory")
+        if args.render:
+            with open(args.render) as f:
+                return spatial.render(json.load(f), args.out)
+        if args.wait_max <= 0:
+            args.wait_max = 60
+        if args.retries < 0:
+            args.retries = 0
+        args.timeout = args.timeout or 400
+        return spatial.run(args, build_latent_bench(args), args.out)
     if mode_name == "generate":
         binary = "" if args.render else build_latent_bench(args, "latent-gen-bench")
         if args.devices:
