@@ -32,6 +32,8 @@ enum {
   PROP_MEAN_CHUNK_LATENCY,
   PROP_TILE_SIZE,
   PROP_TILE_OVERLAP,
+  PROP_BAND_HEIGHT,
+  PROP_MAX_MEMORY,
 };
 
 // A latent waiting for its frames: where they start and how many are real.
@@ -47,6 +49,8 @@ struct Impl {
   guint chunk_latents = 1;
   guint tile_size = 0;
   double tile_overlap = 0;
+  guint band_height = 0;
+  guint max_memory = 0;  // MiB
 
   std::shared_ptr<const latent::Vae> model;                // the first rank's
   std::vector<std::shared_ptr<const latent::Vae>> models;  // one per rank
@@ -394,6 +398,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       GST_OBJECT_LOCK(self);
       latent::DecoderOptions opt{int64_t(s.chunk_latents)};
       opt.tile = latent::gst::tile_options(s.tile_size, s.tile_overlap);
+      opt.bands = latent::gst::band_options(s.band_height, s.max_memory);
       const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
       s.decoder = latent::gst::make_decoder(element, s.models, opt, settings);
@@ -439,6 +444,10 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     s.tile_size = g_value_get_uint(value);
   } else if (id == PROP_TILE_OVERLAP) {
     s.tile_overlap = g_value_get_double(value);
+  } else if (id == PROP_BAND_HEIGHT) {
+    s.band_height = g_value_get_uint(value);
+  } else if (id == PROP_MAX_MEMORY) {
+    s.max_memory = g_value_get_uint(value);
   } else {
     G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -463,6 +472,16 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_TILE_OVERLAP:
       GST_OBJECT_LOCK(self);
       g_value_set_double(value, s.tile_overlap);
+      GST_OBJECT_UNLOCK(self);
+      break;
+    case PROP_BAND_HEIGHT:
+      GST_OBJECT_LOCK(self);
+      g_value_set_uint(value, s.band_height);
+      GST_OBJECT_UNLOCK(self);
+      break;
+    case PROP_MAX_MEMORY:
+      GST_OBJECT_LOCK(self);
+      g_value_set_uint(value, s.max_memory);
       GST_OBJECT_UNLOCK(self);
       break;
     case PROP_FRAMES_OUT: g_value_set_uint64(value, s.frames.load()); break;
@@ -501,6 +520,7 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
                         "native 2-latent chunks. 1 keeps memory lowest; more can be faster on a GPU",
                         1, 256, 1, rw));
   latent::gst::install_tile_properties(gobject, PROP_TILE_SIZE, PROP_TILE_OVERLAP, rw);
+  latent::gst::install_band_properties(gobject, PROP_BAND_HEIGHT, PROP_MAX_MEMORY, rw);
   g_object_class_install_property(
       gobject, PROP_LATENTS_IN,
       g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64, 0,

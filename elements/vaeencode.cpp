@@ -34,6 +34,8 @@ enum {
   PROP_MEAN_CHUNK_LATENCY,
   PROP_TILE_SIZE,
   PROP_TILE_OVERLAP,
+  PROP_BAND_HEIGHT,
+  PROP_MAX_MEMORY,
 };
 
 struct FrameTime {
@@ -48,6 +50,8 @@ struct Impl {
   guint chunk_frames = 8;
   guint tile_size = 0;
   double tile_overlap = 0;
+  guint band_height = 0;
+  guint max_memory = 0;  // MiB
 
   // READY and up.
   std::shared_ptr<const latent::Vae> model;                // the first rank's
@@ -372,6 +376,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       GST_OBJECT_LOCK(self);
       latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
       opt.tile = latent::gst::tile_options(s.tile_size, s.tile_overlap);
+      opt.bands = latent::gst::band_options(s.band_height, s.max_memory);
       const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
       s.encoder = latent::gst::make_encoder(element, s.models, opt, settings);
@@ -416,6 +421,8 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_CHUNK_FRAMES: s.chunk_frames = g_value_get_uint(value); break;
     case PROP_TILE_SIZE: s.tile_size = g_value_get_uint(value); break;
     case PROP_TILE_OVERLAP: s.tile_overlap = g_value_get_double(value); break;
+    case PROP_BAND_HEIGHT: s.band_height = g_value_get_uint(value); break;
+    case PROP_MAX_MEMORY: s.max_memory = g_value_get_uint(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -432,6 +439,8 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_CHUNK_FRAMES: g_value_set_uint(value, s.chunk_frames); break;
     case PROP_TILE_SIZE: g_value_set_uint(value, s.tile_size); break;
     case PROP_TILE_OVERLAP: g_value_set_double(value, s.tile_overlap); break;
+    case PROP_BAND_HEIGHT: g_value_set_uint(value, s.band_height); break;
+    case PROP_MAX_MEMORY: g_value_set_uint(value, s.max_memory); break;
     case PROP_FRAMES_IN: g_value_set_uint64(value, s.frames.load()); break;
     case PROP_LATENTS_OUT: g_value_set_uint64(value, s.latents.load()); break;
     case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
@@ -478,6 +487,7 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
                         "memory. CogVideoX always runs its native 8-frame chunks",
                         1, 1024, 8, rw));
   latent::gst::install_tile_properties(gobject, PROP_TILE_SIZE, PROP_TILE_OVERLAP, rw);
+  latent::gst::install_band_properties(gobject, PROP_BAND_HEIGHT, PROP_MAX_MEMORY, rw);
   g_object_class_install_property(
       gobject, PROP_FRAMES_IN,
       g_param_spec_uint64("frames-in", "Frames in", "Video frames received since READY->PAUSED", 0, G_MAXUINT64, 0,

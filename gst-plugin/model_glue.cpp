@@ -90,8 +90,8 @@ void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_i
           "Spatial tiles of this many pixels square, as diffusers' enable_tiling(tile_sample_min_height=, "
           "tile_sample_min_width=): each overlapping tile is coded with its own caches and the tiles are blended at "
           "their borders, so activation memory is that of one tile. CogVideoX only (its GroupNorm spans the frame, so "
-          "the output changes as with diffusers' tiling); refused for Wan, whose tiling is not yet exact. Frames "
-          "within one tile are not tiled. 0 = off",
+          "the output changes as with diffusers' tiling); for Wan use band-height or max-memory, which are exact. "
+          "Frames within one tile are not tiled. 0 = off",
           0, 16384, 0, flags));
   g_object_class_install_property(
       klass, overlap_id,
@@ -106,6 +106,35 @@ TileOptions tile_options(guint size, double overlap) {
   t.height = t.width = int64_t(size);
   if (overlap > 0) t.overlap_height = t.overlap_width = overlap;
   return t;
+}
+
+void install_band_properties(GObjectClass* klass, guint height_id, guint memory_id, GParamFlags flags) {
+  g_object_class_install_property(
+      klass, height_id,
+      g_param_spec_uint(
+          "band-height", "Band height",
+          "Exact spatial bands of this many pixel rows (Wan 2.1 and 2.2; a multiple of the model's spatial factor, 8 "
+          "or 16): each chunk is computed band by band, every band from its rows plus the context its convolutions "
+          "read (recomputed) and with temporal caches of its own; only the attention, at latent resolution, sees the "
+          "whole frame. The output equals whole frames'; activation memory follows the band. Bands cost extra "
+          "compute for the recomputed rows (docs/performance.md). 0 = whole frames, or what max-memory picks. "
+          "E.g. vaedecode band-height=256 ! ... for 2160x3840",
+          0, 65536, 0, flags));
+  g_object_class_install_property(
+      klass, memory_id,
+      g_param_spec_uint("max-memory", "Max memory",
+                        "Activation memory per chunk to stay within, MiB (Wan): when band-height is 0, the tallest "
+                        "exact bands whose estimated activations fit are chosen at the first chunk (whole frames "
+                        "when they fit); a budget below one-row bands is an error naming the least. The estimate "
+                        "covers activations, not the weights or queued buffers. 0 = no bound",
+                        0, G_MAXUINT, 0, flags));
+}
+
+BandOptions band_options(guint height, guint max_mib) {
+  BandOptions b;
+  b.height = int64_t(height);
+  b.max_bytes = size_t(max_mib) << 20;
+  return b;
 }
 
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value) {

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -321,7 +322,51 @@ GST_START_TEST(test_cogvideox_tiles_and_wan_refuses_them) {
               uneven.error.c_str());
   Out refused;
   run(src(5) + "vaeencode model=" + wan() + " tile-size=48 ! appsink name=out", refused);
-  fail_unless(refused.error.find("tiling is not yet exact") != std::string::npos, "got '%s'", refused.error.c_str());
+  fail_unless(refused.error.find("takes exact bands instead") != std::string::npos, "got '%s'", refused.error.c_str());
+}
+GST_END_TEST;
+
+// The largest difference between two runs' frames, in 8-bit levels.
+static int max_level_diff(const Out& a, const Out& b) {
+  int most = 0;
+  for (size_t i = 0; i < a.buffers.size() && i < b.buffers.size(); ++i) {
+    GstMapInfo x, y;
+    gst_buffer_map(a.buffers[i], &x, GST_MAP_READ);
+    gst_buffer_map(b.buffers[i], &y, GST_MAP_READ);
+    for (gsize k = 0; k < std::min(x.size, y.size); ++k)
+      most = std::max(most, std::abs(int(x.data[k]) - int(y.data[k])));
+    gst_buffer_unmap(a.buffers[i], &x);
+    gst_buffer_unmap(b.buffers[i], &y);
+  }
+  return most;
+}
+
+// Exact Wan bands through the elements (their exactness layer by layer is WanBands.* in the core tests): a band
+// height, and max-memory budgets (the decoder's, 22 MiB, is below whole 64x160 frames' estimate of 22.1 MiB and
+// above bands of 80 px), give whole frames' output (within one 8-bit level: values
+// equal to 1e-5 can round to neighbouring levels); budgets below one-row bands and CogVideoX are refused.
+GST_START_TEST(test_wan_bands_equal_whole_frames) {
+  const std::string clip = src(9, 64, 160);
+  const std::string tail = " ! appsink name=out";
+  Out whole, banded, budget, too_small, cog_bands;
+  run(clip + "vaeencode model=" + wan() + " ! vaedecode model=" + wan() + tail, whole);
+  fail_unless(whole.error.empty(), "%s", whole.error.c_str());
+  run(clip + "vaeencode model=" + wan() + " band-height=32 ! vaedecode model=" + wan() + " band-height=16" + tail,
+      banded);
+  fail_unless(banded.error.empty(), "%s", banded.error.c_str());
+  fail_unless_equals_int(banded.buffers.size(), whole.buffers.size());
+  fail_unless(max_level_diff(banded, whole) <= 1, "bands differ by %d levels", max_level_diff(banded, whole));
+  run(clip + "vaeencode model=" + wan() + " max-memory=64 ! vaedecode model=" + wan() + " max-memory=22" + tail,
+      budget);
+  fail_unless(budget.error.empty(), "%s", budget.error.c_str());
+  fail_unless_equals_int(budget.buffers.size(), whole.buffers.size());
+  fail_unless(max_level_diff(budget, whole) <= 1, "budgeted bands differ by %d levels", max_level_diff(budget, whole));
+  run(clip + "vaeencode model=" + wan() + " max-memory=1" + tail, too_small);
+  fail_unless(too_small.error.find("memory budget of 1 MiB is below the least estimate") != std::string::npos,
+              "got '%s'", too_small.error.c_str());
+  run(src(5) + "vaeencode model=" + cog() + " band-height=32" + tail, cog_bands);
+  fail_unless(cog_bands.error.find("cannot be computed in exact bands") != std::string::npos, "got '%s'",
+              cog_bands.error.c_str());
 }
 GST_END_TEST;
 
@@ -632,6 +677,7 @@ static Suite* vae_suite() {
   tcase_add_test(tc, test_errors_reach_the_bus);
   tcase_add_test(tc, test_decoder_refuses_another_models_latents);
   tcase_add_test(tc, test_cogvideox_tiles_and_wan_refuses_them);
+  tcase_add_test(tc, test_wan_bands_equal_whole_frames);
   tcase_add_test(tc, test_round_trip_through_files_equals_direct);
   tcase_add_test(tc, test_state_cycles_do_not_leak);
   tcase_add_test(tc, test_default_model_reconstructs_held_out_footage);

@@ -68,6 +68,26 @@ int64_t band_latent_rows(const Vae& vae, const BandOptions& bands) {
   return bands.height / sf;
 }
 
+int64_t budget_band_rows(const Vae& vae, VaeState::Role role, const BandOptions& bands, int64_t rows, int64_t cols,
+                         int64_t frames) {
+  auto bytes = [&](int64_t r) { return vae.band_chunk_bytes(role, r, rows, cols, frames); };
+  if (bands.max_bytes == 0 || bytes(rows) <= bands.max_bytes) return 0;
+  // Not monotonic: thinner bands hold fewer activations but their crops' caches overlap more. The tallest bands
+  // that fit recompute the fewest rows.
+  size_t least = bytes(rows);
+  int64_t least_rows = rows;
+  for (int64_t r = rows - 1; r >= 1; --r) {
+    const size_t b = bytes(r);
+    if (b <= bands.max_bytes) return r;
+    if (b < least) least = b, least_rows = r;
+  }
+  auto mib = [](size_t b) { return std::to_string((b + (1 << 20) - 1) >> 20); };
+  const int64_t sf = vae.spec().spatial_factor;
+  throw std::invalid_argument("a memory budget of " + mib(bands.max_bytes) + " MiB is below the least estimate, " +
+                              mib(least) + " MiB (bands of " + std::to_string(least_rows * sf) + " px), for " +
+                              std::to_string(cols * sf) + "x" + std::to_string(rows * sf) + " frames; raise it");
+}
+
 // ---- encoder ------------------------------------------------------------------------------------------------
 
 StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOptions options)
@@ -86,6 +106,8 @@ StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOption
 StreamingEncoder::~StreamingEncoder() = default;
 
 void StreamingEncoder::reset() {
+  if (options_.shard && options_.bands.enabled())
+    throw std::invalid_argument("spatial bands and patch parallel (devices) cannot be combined yet");
   state_ = vae_->new_encoder_state();
   state_->set_shard(options_.shard);
   state_->set_band_rows(band_latent_rows(*vae_, options_.bands));
@@ -169,6 +191,12 @@ Tensor StreamingEncoder::take_pending(int64_t n) { return cat_time(pending_, n, 
 EncodedLatents StreamingEncoder::encode(const Tensor& x, int64_t frames) {
   const VaeSpec& spec = vae_->spec();
   Tensor moments;
+  if (frames_coded_ == 0 && options_.bands.height == 0 && options_.bands.max_bytes > 0) {
+    const int64_t sf = spec.spatial_factor;
+    state_->set_band_rows(budget_band_rows(*vae_, VaeState::Role::encoder, options_.bands, x.size(3) / sf,
+                                           x.size(4) / sf,
+                                           std::max(options_.max_chunk_frames, spec.encode_chunks.step)));
+  }
   {
     ActivationHeap::Scope scope(heap_.get(), vae_->device());
     moments = vae_->encode_chunk(*state_, x);
@@ -253,6 +281,8 @@ StreamingDecoder::StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOption
 StreamingDecoder::~StreamingDecoder() = default;
 
 void StreamingDecoder::reset() {
+  if (options_.shard && options_.bands.enabled())
+    throw std::invalid_argument("spatial bands and patch parallel (devices) cannot be combined yet");
   state_ = vae_->new_decoder_state();
   state_->set_shard(options_.shard);
   state_->set_band_rows(band_latent_rows(*vae_, options_.bands));
@@ -277,6 +307,10 @@ Tensor StreamingDecoder::decode(int64_t n) {
   std::vector<int64_t> real(pending_real_.begin(), pending_real_.begin() + n);
   pending_real_.erase(pending_real_.begin(), pending_real_.begin() + n);
 
+  if (latents_done_ == 0 && options_.bands.height == 0 && options_.bands.max_bytes > 0) {
+    state_->set_band_rows(budget_band_rows(*vae_, VaeState::Role::decoder, options_.bands, z.size(3), z.size(4),
+                                           std::max<int64_t>(options_.max_chunk_latents, 1)));
+  }
   Tensor frames;  // [3, F, H, W]; what is handed out is copied from it, outside the heap
   {
     ActivationHeap::Scope scope(heap_.get(), vae_->device());

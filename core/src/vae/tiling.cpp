@@ -17,7 +17,8 @@ using torch::Tensor;
 void check_model(const Vae& vae, const TileOptions& tile) {
   if (vae.spec().family != "cogvideox") {
     throw std::invalid_argument("spatial tiling is implemented for CogVideoX only (diffusers' enable_tiling); " +
-                                vae.spec().family + " tiling is not yet exact, leave the tile size at 0");
+                                vae.spec().family +
+                                " takes exact bands instead (band height / max-memory), leave the tile size at 0");
   }
   if (tile.height <= 0 || tile.width <= 0)
     throw std::invalid_argument("tiling needs both a tile height and a tile width in pixels");

@@ -12,6 +12,7 @@
 // decoder's upsamplers keep their width instead of halving it.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <variant>
 
 #include "io/json.h"
@@ -116,10 +117,12 @@ struct Attention {
     Tensor f = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     Tensor n = rms_norm_channels(f, gamma);
     Tensor qkv_out = conv_direct(n, qkv.w, qkv.b, {1, 1}, {0, 0});  // [BT, 3C, H, W]
-    auto tokens = [&](const Tensor& m) {                            // [BT, 1, rows * W, channels]
-      return m.reshape({b * t, m.size(1), -1}).transpose(1, 2).unsqueeze(1);
+    // [BT, 1, rows * W, channels], channels last in memory: SDPA takes its flash kernel only for a unit stride
+    // there, and otherwise falls back to materialising every frame's HW x HW scores (67 GB at 2160x3840).
+    auto tokens = [&](const Tensor& m) {
+      return m.reshape({b * t, m.size(1), -1}).transpose(1, 2).contiguous().unsqueeze(1);
     };
-    std::vector<Tensor> qkv_parts = tokens(qkv_out).chunk(3, -1);  // q, k, v: [BT, 1, HW, C], views
+    std::vector<Tensor> qkv_parts = tokens(qkv_out).chunk(3, -1);  // q, k, v: [BT, 1, HW, C]
     if (shard) {
       auto kv = tokens(shard->gather_rows(qkv_out.slice(1, c).contiguous())).chunk(2, -1);
       qkv_parts[1] = kv[0];
@@ -266,6 +269,9 @@ struct Level {
     return h;
   }
 
+  // 2 when the level ends in a resampler (rows halve going down, double going up), else 1.
+  int64_t factor() const { return !blocks.empty() && std::holds_alternative<Resample>(blocks.back()) ? 2 : 1; }
+
   // The shortcuts read 2x2 blocks of what the main path reads anyway.
   Rows need(Rows r) const {
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) r = latent::need(*it, r);
@@ -334,6 +340,35 @@ class WanVae : public Vae {
 
   bool exact_bands() const override { return true; }
 
+  size_t band_chunk_bytes(VaeState::Role role, int64_t band_rows, int64_t rows, int64_t cols,
+                          int64_t frames) const override {
+    const bool enc = role == VaeState::Role::encoder;
+    const int64_t sf = spec_.spatial_factor, tf = spec_.temporal_factor, top = sf / patch_;
+    // Rows of the band's crop at the top level (full resolution, or the patch grid): the encoder's first level
+    // runs on the whole crop; the decoder's last level on the kept rows and the few its convs read.
+    const int64_t halo = enc ? ceil_div(band_halo(role), patch_) : top_level_halo();
+    const double crop = double(std::min(rows * top, band_rows * top + (band_rows < rows ? 2 * halo : 0)));
+    const double px_frames = double(enc ? frames : frames * tf);
+    const double lat_frames = double(enc ? ceil_div(frames, tf) : frames);
+    const double es = double(c10::elementSize(dtype()));
+    // The largest tensors are at the top level: a conv's input with its cached frames, its output, the block's
+    // input kept for the shortcut, and on the way up the upsampled input of the last upsampler's conv. The count
+    // is measured on the CPU heap (tests/core/memory/test_band_memory.cpp).
+    const double top_tensor =
+        double(enc ? enc_top_width_ : dec_top_width_) * crop * double(cols * top) * px_frames * es;
+    // Whole-frame tensors at latent resolution around the attention (its input, q, k, v, output), and the
+    // chunk's input and output.
+    const double whole = double(mid_width_) * double(rows * cols) * lat_frames * es;
+    const double io = double(3 * rows * sf * cols * sf) * px_frames * es;
+    // The caches every band carries for its own crop: the whole frame's, times how much the crops overlap.
+    double crops = 0;
+    const int64_t lat_halo = enc ? ceil_div(band_halo(role), sf) : band_halo(role);
+    for (int64_t lo = 0; lo < rows; lo += band_rows)
+      crops += double(std::min(rows, lo + band_rows + lat_halo) - std::max<int64_t>(0, lo - lat_halo));
+    const double state = (enc ? enc_cache_ : dec_cache_) * crops * double(cols) * es;
+    return size_t(kTopTensors * top_tensor + kWholeTensors * whole + 2 * io + state);
+  }
+
   int64_t band_halo(VaeState::Role role) const override {
     // The rows a band of one latent row needs, less that row, on the side that needs more.
     if (role == VaeState::Role::encoder) {
@@ -381,31 +416,91 @@ class WanVae : public Vae {
     return ResBlock::need(r);
   }
 
+  // Rows beyond its own that the decoder's last level and the upsampler feeding it read, on the patch grid.
+  int64_t top_level_halo() const {
+    const int64_t top = spec_.spatial_factor / patch_;
+    Rows r = up_.back().need(conv3_need({0, top}));
+    r = conv3_need(r);
+    return std::max(-r.lo, r.hi - top);
+  }
+
   bool banded(const VaeState& state, int64_t latent_rows) const {
     return state.band_rows() > 0 && latent_rows > state.band_rows() && !state.shard();
   }
 
-  // Runs `stage` over bands of output rows. Band k's input is the crop of `x` (rows along dim 3) holding every
-  // row its kept rows depend on, widened to multiples of `align` (the downsamplers' phase), and its caches are
-  // slots[k]. `scale` is output rows per input row, `inverse` true when it is input rows per output row.
+  // A band's activations: rows [first, first + t.size(3)) of a frame of `frame` rows at the current resolution.
+  struct Slab {
+    Tensor t;
+    int64_t first = 0, frame = 0;
+  };
+
+  // Drops the rows of `y` that no row still to be kept depends on (`need`, widened to multiples of `align`, the
+  // phase the downsamplers still ahead need). Every chunk of a band trims the same rows, so the layers' caches
+  // keep one shape.
+  static Slab trim(Slab y, Rows need, int64_t align) {
+    const int64_t lo = std::max({int64_t(0), y.first, floor_div(need.lo, align) * align});
+    const int64_t hi = std::min({y.frame, y.first + y.t.size(3), ceil_div(need.hi, align) * align});
+    if (lo == y.first && hi == y.first + y.t.size(3)) return y;
+    return {y.t.narrow(3, lo - y.first, hi - lo).contiguous(), lo, y.frame};
+  }
+
+  // The encoder's front for one band: pixels in, the latent rows `keep` depends on out. After each level the band
+  // is trimmed to what the levels below still need, so the recomputed rows shrink with depth.
+  Slab encode_front_band(Slab x, StateSlots& s, Rows keep) const {
+    Slab y{enc_in_.forward(patchify(x.t, patch_), s), x.first / patch_, x.frame / patch_};
+    for (size_t i = 0; i < down_.size(); ++i) {
+      y.t = down_[i].forward(y.t, s, false);
+      const int64_t f = down_[i].factor();
+      y.first /= f;
+      y.frame /= f;
+      Rows need = ResBlock::need(keep);
+      int64_t align = 1;
+      for (size_t j = down_.size(); j-- > i + 1;) {
+        need = down_[j].need(need);
+        align *= down_[j].factor();
+      }
+      y = trim(y, need, align);
+    }
+    y.t = enc_mid_.res0.forward(y.t, s);
+    return y;
+  }
+
+  // The decoder's back for one band: latent rows in, the pixel rows `keep` out, trimmed after each level.
+  Slab decode_back_band(Slab h, StateSlots& s, bool first, Rows keep) const {
+    Slab y{dec_mid_.res1.forward(h.t, s), h.first, h.frame};
+    for (size_t i = 0; i < up_.size(); ++i) {
+      y.t = up_[i].forward(y.t, s, first);
+      const int64_t f = up_[i].factor();
+      y.first *= f;
+      y.frame *= f;
+      Rows need = conv3_need({floor_div(keep.lo, patch_), ceil_div(keep.hi, patch_)});
+      for (size_t j = up_.size(); j-- > i + 1;) need = up_[j].need(need);
+      y = trim(y, need, 1);
+    }
+    y.t = unpatchify(conv_silu_rms_norm(dec_out_, y.t, dec_norm_, s), patch_).clamp(-1, 1);
+    return {y.t, y.first * patch_, y.frame * patch_};
+  }
+
+  // Runs `stage` over bands of output rows `out_bands`. Band k starts from the crop of `x` (rows along dim 3)
+  // holding every row its kept rows depend on (`need`, widened to multiples of `align`, the downsamplers' phase),
+  // and its caches are slots[k]; `stage` returns its output rows with their place in the frame.
   template <class Need, class Stage>
-  Tensor run_bands(const Tensor& x, const std::vector<Rows>& out_bands, int64_t scale, bool inverse, int64_t align,
-                   Need need, std::vector<StateSlots>& slots, Stage stage) const {
-    const int64_t in_rows = x.size(3);
-    auto out_of = [&](int64_t in_row) { return inverse ? in_row / scale : in_row * scale; };
+  Tensor run_bands(const Tensor& x, const std::vector<Rows>& out_bands, int64_t align, Need need,
+                   std::vector<StateSlots>& slots, Stage stage) const {
+    const int64_t rows = x.size(3);
     Tensor out;
     for (size_t k = 0; k < out_bands.size(); ++k) {
-      const Rows keep = out_bands[k], in = need(keep);
-      const int64_t lo = std::max<int64_t>(0, floor_div(in.lo, align) * align);
-      const int64_t hi = std::min(in_rows, ceil_div(in.hi, align) * align);
-      Tensor y = stage(x.narrow(3, lo, hi - lo).contiguous(), slots[k]);
-      if (y.size(3) != out_of(hi) - out_of(lo)) throw std::logic_error("band stage returned the wrong rows");
+      const Rows keep = out_bands[k];
+      const Slab crop = trim({x, 0, rows}, need(keep), align);
+      const Slab y = stage(crop, slots[k], keep);
+      if (y.first > keep.lo || y.first + y.t.size(3) < keep.hi)
+        throw std::logic_error("a band's stage lost rows it was to keep");
       if (!out.defined()) {
-        auto sizes = y.sizes().vec();
+        auto sizes = y.t.sizes().vec();
         sizes[3] = out_bands.back().hi;
-        out = torch::empty(sizes, y.options());
+        out = torch::empty(sizes, y.t.options());
       }
-      out.narrow(3, keep.lo, keep.hi - keep.lo).copy_(y.narrow(3, keep.lo - out_of(lo), keep.hi - keep.lo));
+      out.narrow(3, keep.lo, keep.hi - keep.lo).copy_(y.t.narrow(3, keep.lo - y.first, keep.hi - keep.lo));
     }
     return out;
   }
@@ -429,23 +524,25 @@ class WanVae : public Vae {
     const auto bands = bands_of(latent_rows, state.band_rows(), 1);
     auto& slots = band_slots(state, bands.size(), enc_slots_);
     Tensor h = run_bands(
-        x, bands, sf, true, sf, [&](Rows r) { return encode_front_need(r); }, slots,
-        [&](const Tensor& crop, StateSlots& s) { return encode_front(crop, s); });
+        x, bands, sf, [&](Rows r) { return encode_front_need(r); }, slots,
+        [&](const Slab& crop, StateSlots& s, Rows keep) { return encode_front_band(crop, s, keep); });
     h = enc_mid_.attn.forward(h, nullptr);
-    return run_bands(h, bands, 1, false, 1, back_need, slots,
-                     [&](const Tensor& crop, StateSlots& s) { return encode_back(crop, s); });
+    return run_bands(h, bands, 1, back_need, slots, [&](const Slab& crop, StateSlots& s, Rows) {
+      return Slab{encode_back(crop.t, s), crop.first, crop.frame};
+    });
   }
 
   Tensor decode_banded(SlotState& state, const Tensor& z, bool first) const {
     const int64_t sf = spec_.spatial_factor, latent_rows = z.size(3);
     const auto bands = bands_of(latent_rows, state.band_rows(), 1);
     auto& slots = band_slots(state, bands.size(), dec_slots_);
-    Tensor h = run_bands(z, bands, 1, false, 1, back_need, slots,
-                         [&](const Tensor& crop, StateSlots& s) { return decode_front(crop, s); });
+    Tensor h = run_bands(z, bands, 1, back_need, slots, [&](const Slab& crop, StateSlots& s, Rows) {
+      return Slab{decode_front(crop.t, s), crop.first, crop.frame};
+    });
     h = dec_mid_.attn.forward(h, nullptr);
     return run_bands(
-        h, bands_of(latent_rows, state.band_rows(), sf), sf, false, 1, [&](Rows r) { return decode_back_need(r); },
-        slots, [&](const Tensor& crop, StateSlots& s) { return decode_back(crop, s, first); });
+        h, bands_of(latent_rows, state.band_rows(), sf), 1, [&](Rows r) { return decode_back_need(r); }, slots,
+        [&](const Slab& crop, StateSlots& s, Rows keep) { return decode_back_band(crop, s, first, keep); });
   }
 
   static VaeSpec make_spec(const WanConfig& cfg, const WeightSource& src) {
@@ -477,6 +574,10 @@ class WanVae : public Vae {
     std::vector<int64_t> dims = {cfg.base_dim};
     for (int64_t m : cfg.dim_mult) dims.push_back(cfg.base_dim * m);
     enc_in_ = CausalConv3d::load(r, "encoder.conv_in", cfg.in_channels, dims[0], {3, 3, 3}, TimePad::zeros, slots);
+    enc_top_width_ = std::max(dims[0], dims[1]);
+    mid_width_ = dims.back();
+    const double top = double((int64_t(1) << (cfg.dim_mult.size() - 1)));
+    enc_cache_ = 2.0 * double(cfg.in_channels) * top * top;
     int idx = 0;
     const size_t levels = cfg.dim_mult.size();
     for (size_t i = 0; i < levels; ++i) {
@@ -486,12 +587,15 @@ class WanVae : public Vae {
       };
       Level level;
       int64_t cin = dims[i], cout = dims[i + 1];
+      const double px = std::pow(top / double(int64_t(1) << i), 2);  // pixels per latent pixel at this level
       for (int64_t j = 0; j < cfg.num_res_blocks; ++j) {
         const std::string resnet = "resnets." + std::to_string(j);
         level.blocks.emplace_back(ResBlock::load(r, name(resnet.c_str()), cin, cout, slots));
+        enc_cache_ += 2.0 * double(cin + cout) * px;
         cin = cout;
       }
       const bool last = i + 1 == levels, time = !last && cfg.temporal_downsample[i];
+      if (time) enc_cache_ += double(cout) * px / 4;  // the time downsampler's last frame, at half size
       if (!last) {
         level.blocks.emplace_back(Resample::load(r, name("downsampler"), cout,
                                                  time ? ResampleMode::down3d : ResampleMode::down2d, slots, cout));
@@ -500,6 +604,7 @@ class WanVae : public Vae {
       down_.push_back(std::move(level));
     }
     const int64_t c = dims.back();
+    enc_cache_ += 2.0 * 5 * double(c);  // the mid block's four convs and conv_out, at latent size
     enc_mid_ = Mid::load(r, "encoder.mid_block", c, slots);
     enc_norm_ = r.take("encoder.norm_out.gamma", {c, 1, 1, 1});
     enc_out_ = CausalConv3d::load(r, "encoder.conv_out", c, 2 * cfg.z_dim, {3, 3, 3}, TimePad::zeros, slots);
@@ -514,6 +619,9 @@ class WanVae : public Vae {
     for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) dims.push_back(base * *it);
     post_quant_ = Conv::load(r, "post_quant_conv", {cfg.z_dim, cfg.z_dim, 1, 1, 1});
     dec_in_ = CausalConv3d::load(r, "decoder.conv_in", cfg.z_dim, dims[0], {3, 3, 3}, TimePad::zeros, slots);
+    dec_top_width_ = std::max(dims[dims.size() - 2], dims.back());
+    const double top = double((int64_t(1) << (cfg.dim_mult.size() - 1)));
+    dec_cache_ = 2.0 * double(cfg.z_dim + 4 * dims[0]) + 2.0 * double(dims.back()) * top * top;  // in, mid, out
     dec_mid_ = Mid::load(r, "decoder.mid_block", dims[0], slots);
     const size_t levels = cfg.dim_mult.size();
     for (size_t i = 0; i < levels; ++i) {
@@ -522,10 +630,14 @@ class WanVae : public Vae {
       const int64_t cout = dims[i + 1];
       const std::string p = "decoder.up_blocks." + std::to_string(i);
       Level level;
+      const double px = std::pow(double(int64_t(1) << i), 2);
       for (int64_t j = 0; j <= cfg.num_res_blocks; ++j) {
         level.blocks.emplace_back(ResBlock::load(r, p + ".resnets." + std::to_string(j), cin, cout, slots));
+        dec_cache_ += 2.0 * double(cin + cout) * px;
         cin = cout;
       }
+      if (i + 1 != levels && cfg.temporal_downsample[cfg.temporal_downsample.size() - 1 - i])
+        dec_cache_ += 2.0 * double(cout) * px;  // the time upsampler's conv
       if (i + 1 != levels) {
         const bool time = cfg.temporal_downsample[cfg.temporal_downsample.size() - 1 - i];
         level.blocks.emplace_back(Resample::load(r, p + (cfg.residual ? ".upsampler" : ".upsamplers.0"), cout,
@@ -544,6 +656,13 @@ class WanVae : public Vae {
   }
 
   int64_t patch_ = 1;
+  // Widths for band_chunk_bytes(): the encoder's first level, the widest tensor the decoder's top level sees
+  // (the last upsampler's input, upsampled), and the mid block.
+  int64_t enc_top_width_ = 0, dec_top_width_ = 0, mid_width_ = 0;
+  // Elements the carried caches of a whole-frame stream hold per latent pixel (frames x channels x pixels at each
+  // cached layer's resolution): the state a chunk leaves behind, which bands multiply by their crops' overlap.
+  double enc_cache_ = 0, dec_cache_ = 0;
+  static constexpr double kTopTensors = 6, kWholeTensors = 8;
   CausalConv3d enc_in_, enc_out_, dec_in_, dec_out_;
   std::vector<Level> down_, up_;
   Mid enc_mid_, dec_mid_;

@@ -47,12 +47,20 @@ struct TileOptions {
 // frames' (to float rounding), with activation memory that follows the band, not the frame.
 struct BandOptions {
   int64_t height = 0;  // pixel rows per band, a multiple of the model's spatial factor; 0 = whole frames
-  bool enabled() const { return height > 0; }
+  // Without a height: the tallest bands whose estimated activations per chunk (Vae::band_chunk_bytes) stay within
+  // this many bytes, chosen when the first chunk's size is known (whole frames when they fit). 0 = no bound.
+  size_t max_bytes = 0;
+  bool enabled() const { return height > 0 || max_bytes > 0; }
 };
 
-// The band height in latent rows for `vae`; 0 when `bands` is off. Throws std::invalid_argument for a family
+// The band height in latent rows for `vae`; 0 when `bands` sets none. Throws std::invalid_argument for a family
 // without exact bands or a height that is not a positive multiple of the spatial factor.
 int64_t band_latent_rows(const Vae& vae, const BandOptions& bands);
+// The band height in latent rows that `bands.max_bytes` allows for chunks of `frames` (input frames when encoding,
+// latents when decoding) over frames of rows x cols latents: 0 (whole frames) when they fit. Throws
+// std::invalid_argument naming the least budget when even one-row bands do not fit.
+int64_t budget_band_rows(const Vae& vae, VaeState::Role role, const BandOptions& bands, int64_t rows, int64_t cols,
+                         int64_t frames);
 
 struct EncoderOptions {
   // Draw z = mean + std * noise instead of the posterior mean; the noise comes from a CPU generator seeded

@@ -104,6 +104,14 @@ class Vae {
   // (pixels when encoding, latent rows when decoding); 0 where exact_bands() is false. For documentation
   // and memory estimates.
   virtual int64_t band_halo(VaeState::Role /*role*/) const { return 0; }
+  // Activation bytes one chunk of `frames` (input frames when encoding, latents when decoding) over frames of
+  // rows x cols latents is estimated to need when computed in bands of `band_rows` latent rows (all rows: whole
+  // frames); for choosing a band height under a memory budget (BandOptions::max_bytes). 0 where
+  // exact_bands() is false.
+  virtual size_t band_chunk_bytes(VaeState::Role /*role*/, int64_t /*band_rows*/, int64_t /*rows*/,
+                                  int64_t /*cols*/, int64_t /*frames*/) const {
+    return 0;
+  }
 
  protected:
   Vae(VaeSpec spec, LoadOptions options) : spec_(std::move(spec)), options_(options) {}
