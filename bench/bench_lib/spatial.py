@@ -208,12 +208,15 @@ def markdown(results):
              f"{m.get('cpu', '?')}, {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB; torch {m.get('torch')}, "
              f"diffusers {m.get('diffusers')}; {s['dtype']}, {s['threads']} threads on both sides. Each row is "
              f"its own process. Memory: peak RSS above the loaded model. Skipped: extrapolated past "
-             f"{s['max_seconds']} s or {s['max_rss_gib']} GiB of RSS.", ""]
+             f"{s['max_seconds']} s or {s['max_rss_gib']} GiB of RSS (linear in pixels from the same run at a "
+             f"smaller size). Differences: largest |output - reference|, the reference being gst-latent untiled, "
+             f"or diffusers untiled where ours was skipped. 'got N% of the cores': CPU time over wall x threads "
+             f"below 85%, another process shared the machine and the time is inflated.", ""]
     for c in results["cases"]:
         label = results["models"].get(c["family"], {}).get("label", c["family"])
         lines += [f"## {label}: {c['direction']} {c['frames']} frame(s) at {c['height']}x{c['width']}", "",
                   "| run | s | peak RSS above model (MiB) | time / untiled | memory / diffusers untiled | "
-                  "memory / diffusers tiled | max abs diff vs ours untiled | heap / caches (MiB) | |",
+                  "memory / diffusers tiled | max abs diff vs reference | heap / caches (MiB) | |",
                   "|---|---|---|---|---|---|---|---|---|"]
         by = {r["config"]: r for r in c["runs"]}
 
@@ -233,13 +236,12 @@ def markdown(results):
             mr = f"{mem / d_un['rss_peak_above_baseline_bytes']:.2f}" if d_un and r["impl"] == "gst-latent" else ""
             mt = f"{mem / d_t['rss_peak_above_baseline_bytes']:.2f}" if d_t and r["impl"] == "gst-latent" else ""
             d = r.get("max_abs_diff_vs_reference")
-            ds = f"{d:.2g}" if d is not None else ("(reference)" if c.get("reference") and
-                                                  r["config"] == "gst-latent untiled" else "")
+            ref = c.get("reference")
+            is_ref = ref == (key_of("ours", r["band"]) if r["impl"] == "gst-latent" else key_of("diffusers", r["tile"]))
+            ds = f"{d:.2g}" if d is not None else ("(reference)" if is_ref else "")
             note = []
             if r.get("band_halo"):
                 note.append(f"halo {r['band_halo']} {'px' if c['direction'] == 'encode' else 'latent rows'}")
-            if r.get("contended"):
-                note.append("contended")
             share = r.get("cpu_share")
             if share is not None and share < 0.85:
                 note.append(f"got {100 * share:.0f}% of the cores")
