@@ -360,13 +360,16 @@ class WanVae : public Vae {
     // chunk's input and output.
     const double whole = double(mid_width_) * double(rows * cols) * lat_frames * es;
     const double io = double(3 * rows * sf * cols * sf) * px_frames * es;
-    // The caches every band carries for its own crop: the whole frame's, times how much the crops overlap.
+    // The caches every band carries for its own crop: the whole frame's, times how much the crops overlap. Most
+    // of the bytes are at the top level, whose halo after trimming is what counts (the decoder's latent-size
+    // stages read 15 rows beyond a band, its last level 8 pixels).
     double crops = 0;
-    const int64_t lat_halo = enc ? ceil_div(band_halo(role), sf) : band_halo(role);
+    const int64_t lat_halo = ceil_div(enc ? band_halo(role) : top_level_halo(), top);
     for (int64_t lo = 0; lo < rows; lo += band_rows)
       crops += double(std::min(rows, lo + band_rows + lat_halo) - std::max<int64_t>(0, lo - lat_halo));
     const double state = (enc ? enc_cache_ : dec_cache_) * crops * double(cols) * es;
-    return size_t(kTopTensors * top_tensor + kWholeTensors * whole + 2 * io + state);
+    // 10% for the heap's fragmentation between band-sized and frame-sized blocks.
+    return size_t(1.1 * (kTopTensors * top_tensor + kWholeTensors * whole + 2 * io + state));
   }
 
   int64_t band_halo(VaeState::Role role) const override {
