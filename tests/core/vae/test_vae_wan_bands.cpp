@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "latent/runtime/default_model.h"
+#include "latent/vae/sharded_streaming.h"
 #include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"
 #include "vae_fixtures.h"
@@ -135,4 +136,18 @@ TEST(WanBands, StateKeepsEveryBandsCaches) {
   EXPECT_GT(banded.state_bytes(), whole.state_bytes());
   banded.reset();
   EXPECT_EQ(banded.state_bytes(), 0u);
+}
+
+TEST(WanBands, PatchParallelIsRefusedWithTheReason) {
+  LATENT_REQUIRE_FIXTURES();
+  auto vae = load_vae(fixtures_dir() / "wan");
+  EncoderOptions opt;
+  opt.bands.height = 64;
+  try {
+    auto enc = open_encoder({vae, vae}, opt);
+    enc->push(frames(1, 160, 40));
+    FAIL() << "bands were accepted with two ranks";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("spatial bands and patch parallel"), std::string::npos) << e.what();
+  }
 }
