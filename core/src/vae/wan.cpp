@@ -342,6 +342,8 @@ class WanVae : public Vae {
 
   size_t band_chunk_bytes(VaeState::Role role, int64_t band_rows, int64_t rows, int64_t cols,
                           int64_t frames) const override {
+    if (rows <= 0 || cols <= 0 || frames <= 0) return 0;
+    if (band_rows <= 0 || band_rows > rows) band_rows = rows;
     const bool enc = role == VaeState::Role::encoder;
     const int64_t sf = spec_.spatial_factor, tf = spec_.temporal_factor, top = sf / patch_;
     // Rows of the band's crop at the top level (full resolution, or the patch grid): the encoder's first level
@@ -364,7 +366,7 @@ class WanVae : public Vae {
     // of the bytes are at the top level, whose halo after trimming is what counts (the decoder's latent-size
     // stages read 15 rows beyond a band, its last level 8 pixels).
     double crops = 0;
-    const int64_t lat_halo = ceil_div(enc ? band_halo(role) : top_level_halo(), top);
+    const int64_t lat_halo = enc ? ceil_div(band_halo(role), sf) : ceil_div(top_level_halo(), top);
     for (int64_t lo = 0; lo < rows; lo += band_rows)
       crops += double(std::min(rows, lo + band_rows + lat_halo) - std::max<int64_t>(0, lo - lat_halo));
     const double state = (enc ? enc_cache_ : dec_cache_) * crops * double(cols) * es;
