@@ -460,30 +460,19 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   if (latent::gst::get_model_property(object, s.settings, id, value)) return;
   switch (id) {
     case PROP_CHUNK_LATENTS:
-      GST_OBJECT_LOCK(self);
-      g_value_set_uint(value, s.chunk_latents);
-      GST_OBJECT_UNLOCK(self);
-      break;
     case PROP_TILE_SIZE:
-      GST_OBJECT_LOCK(self);
-      g_value_set_uint(value, s.tile_size);
-      GST_OBJECT_UNLOCK(self);
-      break;
     case PROP_TILE_OVERLAP:
-      GST_OBJECT_LOCK(self);
-      g_value_set_double(value, s.tile_overlap);
-      GST_OBJECT_UNLOCK(self);
-      break;
     case PROP_BAND_HEIGHT:
+    case PROP_MAX_MEMORY: {
       GST_OBJECT_LOCK(self);
-      g_value_set_uint(value, s.band_height);
+      if (id == PROP_CHUNK_LATENTS) g_value_set_uint(value, s.chunk_latents);
+      if (id == PROP_TILE_SIZE) g_value_set_uint(value, s.tile_size);
+      if (id == PROP_TILE_OVERLAP) g_value_set_double(value, s.tile_overlap);
+      if (id == PROP_BAND_HEIGHT) g_value_set_uint(value, s.band_height);
+      if (id == PROP_MAX_MEMORY) g_value_set_uint(value, s.max_memory);
       GST_OBJECT_UNLOCK(self);
       break;
-    case PROP_MAX_MEMORY:
-      GST_OBJECT_LOCK(self);
-      g_value_set_uint(value, s.max_memory);
-      GST_OBJECT_UNLOCK(self);
-      break;
+    }
     case PROP_FRAMES_OUT: g_value_set_uint64(value, s.frames.load()); break;
     case PROP_LATENTS_IN: g_value_set_uint64(value, s.latents.load()); break;
     case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;

@@ -26,6 +26,23 @@ inline double rss_mib() {
   return double(pages_resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
+// A line of /proc/self/status ("VmHWM:", "VmRSS:"), MiB; -1 when absent.
+inline double status_mib(const char* key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::string(key).size())) / 1024.0;
+  return -1;
+}
+
+// Resets the kernel's peak-RSS mark to the current RSS (Linux >= 4.0); false where that is not allowed.
+inline bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return bool(clear);
+}
+
 inline std::filesystem::path fixtures_dir() {
   const char* d = std::getenv("LATENT_VAE_FIXTURES");
   return d ? std::filesystem::path(d) : std::filesystem::path();

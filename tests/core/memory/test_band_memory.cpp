@@ -9,8 +9,10 @@
 
 #include "latent/runtime/default_model.h"
 #include "latent/vae/streaming.h"
+#include "vae_fixtures.h"
 
 using namespace latent;
+using namespace latent::testing;
 
 namespace {
 
@@ -88,25 +90,6 @@ TEST(StreamingMemory, WanBandsBoundActivationsByTheBand) {
   }
 }
 
-namespace {
-
-double vm_mib(const char* key) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::string(key).size())) / 1024.0;
-  return -1;
-}
-
-bool reset_peak_rss() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-  clear.flush();
-  return bool(clear);
-}
-
-}  // namespace
-
 // A 2160x3840 clip streams through the default model in bands chosen by a budget: 5 frames encoded (the 1-frame
 // first chunk and a 4-frame one) and their 2 latents decoded, with the process's peak RSS above what it held
 // before within kBound4K (measured: 9.3 GiB on the 2-core CI machine). Most of it is what no band height removes:
@@ -118,7 +101,7 @@ TEST(StreamingMemory, Wan4KStreamsThroughTheDefaultModelInBands) {
   auto vae = load_vae(find_default_model());
   torch::manual_seed(9);
   const auto frames = torch::randint(0, 256, {5, 2160, 3840, 3}, torch::kByte);
-  const double before = vm_mib("VmRSS:");
+  const double before = status_mib("VmRSS:");
   BandOptions bands;
   bands.max_bytes = size_t(kBudgetMiB) << 20;
   EncoderOptions eo;
@@ -140,7 +123,7 @@ TEST(StreamingMemory, Wan4KStreamsThroughTheDefaultModelInBands) {
     auto rest = dec.finish();
     if (rest.defined()) decoded += rest.size(0);
   }
-  const double peak = vm_mib("VmHWM:") - before;
+  const double peak = status_mib("VmHWM:") - before;
   for (auto role : {VaeState::Role::encoder, VaeState::Role::decoder})
     std::printf("whole-frame %s estimate: %.0f MiB\n", role == VaeState::Role::encoder ? "encoder" : "decoder",
                 double(vae->band_chunk_bytes(role, 270, 270, 480, role == VaeState::Role::encoder ? 4 : 1)) / kMiB);

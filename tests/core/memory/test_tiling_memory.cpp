@@ -16,24 +16,6 @@ using namespace latent::testing;
 
 namespace {
 
-// VmHWM and VmRSS of this process, MiB.
-double status_mib(const char* key) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::string(key).size())) / 1024.0;
-  }
-  return -1;
-}
-
-// Resets the kernel's peak-RSS mark to the current RSS (Linux >= 4.0); false where that is not allowed.
-bool reset_peak_rss() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-  clear.flush();
-  return bool(clear);
-}
-
 struct DecodeMemory {
   double peak_mib = 0;   // peak RSS above RSS before the stream was opened
   double heap_mib = 0;   // the stream's heap (touched bytes) after its last chunk
