@@ -117,6 +117,32 @@ GST_START_TEST(test_devices_decode_equals_one_device) {
 }
 GST_END_TEST;
 
+// Bands with devices (Wan): each rank computes its rows in bands from a crop of the frames, recomputing the
+// halos; band heights and a budget every rank fits whole (one band per rank) equal one device's whole frames
+// within one 8-bit level, rarely.
+GST_START_TEST(test_devices_with_bands_equal_one_device) {
+  const std::string clip = src(9, 96);
+  Out one;
+  run(clip + "vaeencode model=" + wan() + " ! vaedecode model=" + wan() + " ! appsink name=out", one);
+  fail_unless(one.error.empty(), "%s", one.error.c_str());
+  for (const std::string props :
+       {" band-height=8 devices=cpu,cpu", " band-height=16 devices=cpu,cpu,cpu", " max-memory=4096 devices=cpu,cpu"}) {
+    Out many;
+    run(clip + "vaeencode model=" + wan() + props + " ! vaedecode model=" + wan() + props + " ! appsink name=out",
+        many);
+    fail_unless(many.error.empty(), "%s: %s", props.c_str(), many.error.c_str());
+    const auto a = bytes(many), b = bytes(one);
+    fail_unless_equals_int(a.size(), b.size());
+    size_t off = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      fail_unless(std::abs(int(a[i]) - int(b[i])) <= 1, "%s: byte %zu: %d against %d", props.c_str(), i, a[i], b[i]);
+      off += a[i] != b[i];
+    }
+    fail_unless(off * 1000 <= a.size(), "%s: %zu of %zu bytes differ", props.c_str(), off, a.size());
+  }
+}
+GST_END_TEST;
+
 GST_START_TEST(test_bad_devices_lists_are_errors) {
   std::string e = run_error(src(5) + "vaeencode devices=cpu,,cpu ! fakesink");
   fail_unless(e.find("empty entry") != std::string::npos, "%s", e.c_str());
@@ -196,6 +222,7 @@ static Suite* parallel_suite() {
   }
   tcase_add_test(tc, test_devices_encode_equals_one_device);
   tcase_add_test(tc, test_devices_decode_equals_one_device);
+  tcase_add_test(tc, test_devices_with_bands_equal_one_device);
   return s;
 }
 

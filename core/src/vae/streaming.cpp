@@ -51,6 +51,11 @@ Tensor per_channel(const Tensor& v, const Tensor& like) {
   return v.to(like.device(), like.scalar_type()).reshape({1, -1, 1, 1, 1});
 }
 
+// A rank's share of a frame's latent rows (patch parallel).
+parallel::Band own_rows(const parallel::RowShard& shard, int64_t rows) {
+  return parallel::split_rows(rows, shard.world())[size_t(shard.rank())];
+}
+
 }  // namespace
 
 int64_t band_latent_rows(const Vae& vae, const BandOptions& bands) {
@@ -106,8 +111,6 @@ StreamingEncoder::StreamingEncoder(std::shared_ptr<const Vae> vae, EncoderOption
 StreamingEncoder::~StreamingEncoder() = default;
 
 void StreamingEncoder::reset() {
-  if (options_.shard && options_.bands.enabled())
-    throw std::invalid_argument("spatial bands and patch parallel (devices) cannot be combined yet");
   state_ = vae_->new_encoder_state();
   state_->set_shard(options_.shard);
   state_->set_band_rows(band_latent_rows(*vae_, options_.bands));
@@ -153,9 +156,9 @@ Tensor StreamingEncoder::to_model_input(const Tensor& frames) {
     width_ = w;
     height_ = h;
     if (options_.shard) {
-      const auto band = parallel::split_rows(h / vae_->spec().spatial_factor, options_.shard->world());
-      band_first_ = band[size_t(options_.shard->rank())].first;
-      band_rows_ = band[size_t(options_.shard->rank())].count;
+      const parallel::Band band = own_rows(*options_.shard, h / vae_->spec().spatial_factor);
+      band_first_ = band.first;
+      band_rows_ = band.count;
     }
   } else if (w != width_ || h != height_) {
     throw std::invalid_argument("frame size changed from " + std::to_string(width_) + "x" + std::to_string(height_) +
@@ -165,7 +168,16 @@ Tensor StreamingEncoder::to_model_input(const Tensor& frames) {
   Tensor x = frames;
   if (options_.shard) {  // this rank's band, cut before it travels to the device
     const int64_t sf = vae_->spec().spatial_factor;
-    x = x.narrow(rgb8 ? 1 : 2, band_first_ * sf, band_rows_ * sf);
+    int64_t first = band_first_ * sf, rows = band_rows_ * sf;
+    if (options_.bands.enabled()) {
+      // Its bands recompute the rows their convolutions read (a crop aligned to the downsamplers' phase).
+      const int64_t halo = (vae_->band_halo(VaeState::Role::encoder) + sf - 1) / sf * sf;
+      const int64_t last = std::min(height_, first + rows + halo);
+      first = std::max<int64_t>(0, first - halo);
+      rows = last - first;
+      state_->set_input_rows(first, height_);
+    }
+    x = x.narrow(rgb8 ? 1 : 2, first, rows);
   }
   x = x.to(vae_->device());
   if (rgb8) {
@@ -192,10 +204,11 @@ EncodedLatents StreamingEncoder::encode(const Tensor& x, int64_t frames) {
   const VaeSpec& spec = vae_->spec();
   Tensor moments;
   if (frames_coded_ == 0 && options_.bands.height == 0 && options_.bands.max_bytes > 0) {
-    const int64_t sf = spec.spatial_factor;
-    state_->set_band_rows(budget_band_rows(*vae_, VaeState::Role::encoder, options_.bands, x.size(3) / sf,
-                                           x.size(4) / sf,
-                                           std::max(options_.max_chunk_frames, spec.encode_chunks.step)));
+    const int64_t sf = spec.spatial_factor, rows = options_.shard ? band_rows_ : x.size(3) / sf;
+    const int64_t r = budget_band_rows(*vae_, VaeState::Role::encoder, options_.bands, rows, x.size(4) / sf,
+                                       std::max(options_.max_chunk_frames, spec.encode_chunks.step));
+    // A rank was given the crop its bands read, so it computes one band where whole frames would fit.
+    state_->set_band_rows(r == 0 && options_.shard ? rows : r);
   }
   {
     ActivationHeap::Scope scope(heap_.get(), vae_->device());
@@ -281,8 +294,6 @@ StreamingDecoder::StreamingDecoder(std::shared_ptr<const Vae> vae, DecoderOption
 StreamingDecoder::~StreamingDecoder() = default;
 
 void StreamingDecoder::reset() {
-  if (options_.shard && options_.bands.enabled())
-    throw std::invalid_argument("spatial bands and patch parallel (devices) cannot be combined yet");
   state_ = vae_->new_decoder_state();
   state_->set_shard(options_.shard);
   state_->set_band_rows(band_latent_rows(*vae_, options_.bands));
@@ -308,8 +319,10 @@ Tensor StreamingDecoder::decode(int64_t n) {
   pending_real_.erase(pending_real_.begin(), pending_real_.begin() + n);
 
   if (latents_done_ == 0 && options_.bands.height == 0 && options_.bands.max_bytes > 0) {
-    state_->set_band_rows(budget_band_rows(*vae_, VaeState::Role::decoder, options_.bands, z.size(3), z.size(4),
-                                           std::max<int64_t>(options_.max_chunk_latents, 1)));
+    const int64_t rows = options_.shard ? own_rows(*options_.shard, z.size(3)).count : z.size(3);
+    const int64_t r = budget_band_rows(*vae_, VaeState::Role::decoder, options_.bands, rows, z.size(4),
+                                       std::max<int64_t>(options_.max_chunk_latents, 1));
+    state_->set_band_rows(r == 0 && options_.shard ? rows : r);  // see StreamingEncoder::encode
   }
   Tensor frames;  // [3, F, H, W]; what is handed out is copied from it, outside the heap
   {
@@ -354,9 +367,11 @@ Tensor StreamingDecoder::push(const Tensor& latents, const std::vector<int64_t>&
     throw std::invalid_argument("real_frames needs one entry per latent");
   if (t == 0) return {};
   Tensor band = latents;
-  if (options_.shard) {
-    const auto bands = parallel::split_rows(latents.size(2), options_.shard->world());
-    const auto& mine = bands[size_t(options_.shard->rank())];
+  if (options_.shard && options_.bands.enabled()) {
+    // Latents are small: every rank takes them whole and its bands crop the rows they read.
+    state_->set_input_rows(0, latents.size(2));
+  } else if (options_.shard) {
+    const parallel::Band mine = own_rows(*options_.shard, latents.size(2));
     band = latents.narrow(2, mine.first, mine.count);
   }
   Tensor z = band.to(vae_->device(), torch::kFloat).permute({1, 0, 2, 3}).unsqueeze(0);

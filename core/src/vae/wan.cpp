@@ -429,8 +429,9 @@ class WanVae : public Vae {
     return std::max(-r.lo, r.hi - top);
   }
 
-  bool banded(const VaeState& state, int64_t latent_rows) const {
-    return state.band_rows() > 0 && latent_rows > state.band_rows() && !state.shard();
+  // A rank with bands always takes the band path: it was given a crop, and its bands never exchange rows.
+  static bool banded(const VaeState& state, int64_t latent_rows) {
+    return state.band_rows() > 0 && (latent_rows > state.band_rows() || state.shard());
   }
 
   // A band's activations: rows [first, first + t.size(3)) of a frame of `frame` rows at the current resolution.
@@ -486,36 +487,63 @@ class WanVae : public Vae {
     return {y.t, y.first * patch_, y.frame * patch_};
   }
 
-  // Runs `stage` over bands of output rows `out_bands`. Band k starts from the crop of `x` (rows along dim 3)
-  // holding every row its kept rows depend on (`need`, widened to multiples of `align`, the downsamplers' phase),
-  // and its caches are slots[k]; `stage` returns its output rows with their place in the frame.
+  // Runs `stage` over consecutive bands of output rows `out_bands`, which it returns. Band k starts from the crop
+  // of `x` (rows along dim 3) holding every row its kept rows depend on (`need`, widened to multiples of `align`,
+  // the downsamplers' phase), and its caches are slots[k]; `stage` returns its output rows with their place in
+  // the frame.
   template <class Need, class Stage>
-  Tensor run_bands(const Tensor& x, const std::vector<Rows>& out_bands, int64_t align, Need need,
-                   std::vector<StateSlots>& slots, Stage stage) const {
-    const int64_t rows = x.size(3);
+  Slab run_bands(const Slab& x, const std::vector<Rows>& out_bands, int64_t align, Need need,
+                 std::vector<StateSlots>& slots, Stage stage) const {
+    const int64_t first = out_bands.front().lo;
     Tensor out;
+    int64_t frame = 0;
     for (size_t k = 0; k < out_bands.size(); ++k) {
       const Rows keep = out_bands[k];
-      const Slab crop = trim({x, 0, rows}, need(keep), align);
+      const Rows reads = need(keep);
+      const Slab crop = trim(x, reads, align);
+      if (crop.first > std::max<int64_t>(0, reads.lo) || crop.first + crop.t.size(3) < std::min(x.frame, reads.hi))
+        throw std::logic_error("a band's input lacks rows it reads");
       const Slab y = stage(crop, slots[k], keep);
       if (y.first > keep.lo || y.first + y.t.size(3) < keep.hi)
         throw std::logic_error("a band's stage lost rows it was to keep");
       if (!out.defined()) {
         auto sizes = y.t.sizes().vec();
-        sizes[3] = out_bands.back().hi;
+        sizes[3] = out_bands.back().hi - first;
         out = torch::empty(sizes, y.t.options());
+        frame = y.frame;
       }
-      out.narrow(3, keep.lo, keep.hi - keep.lo).copy_(y.t.narrow(3, keep.lo - y.first, keep.hi - keep.lo));
+      out.narrow(3, keep.lo - first, keep.hi - keep.lo).copy_(y.t.narrow(3, keep.lo - y.first, keep.hi - keep.lo));
     }
+    return {out, first, frame};
+  }
+
+  // Bands of `rows` latent rows over the latent rows `span`, scaled to a stage's output rows.
+  static std::vector<Rows> bands_of(Rows span, int64_t rows, int64_t scale) {
+    std::vector<Rows> out;
+    for (int64_t lo = span.lo; lo < span.hi; lo += rows)
+      out.push_back({lo * scale, std::min(lo + rows, span.hi) * scale});
     return out;
   }
 
-  // Bands of `rows` latent rows over a frame of `latent_rows`, scaled to a stage's output rows.
-  static std::vector<Rows> bands_of(int64_t latent_rows, int64_t rows, int64_t scale) {
-    std::vector<Rows> out;
-    for (int64_t lo = 0; lo < latent_rows; lo += rows)
-      out.push_back({lo * scale, std::min(lo + rows, latent_rows) * scale});
-    return out;
+  // The latent rows a stream computes: a rank's share of the frame's, or all of them.
+  static Rows own_rows(const VaeState& state, int64_t latent_rows) {
+    const parallel::RowShard* shard = state.shard();
+    if (!shard) return {0, latent_rows};
+    const parallel::Band b = parallel::split_rows(latent_rows, shard->world())[size_t(shard->rank())];
+    return {b.first, b.first + b.count};
+  }
+
+  // A chunk's input as the stream has it: whole frames, or the crop a rank was given (VaeState::set_input_rows).
+  static Slab input_of(const VaeState& state, const Tensor& x) {
+    if (!state.shard()) return {x, 0, x.size(3)};
+    return {x, state.input_first(), state.input_frame()};
+  }
+
+  // The attention's output rows every band of the back stage reads: a rank's queries cover its own rows (against
+  // the keys and values of the whole frame); the ranks' rows are gathered once for the halos its bands read.
+  static Slab gather_for_bands(const Slab& own, const VaeState& state) {
+    if (!state.shard()) return own;
+    return {state.shard()->gather_rows(own.t), 0, own.frame};
   }
 
   std::vector<StateSlots>& band_slots(SlotState& state, size_t count, size_t slots) const {
@@ -525,29 +553,36 @@ class WanVae : public Vae {
   }
 
   Tensor encode_banded(SlotState& state, const Tensor& x) const {
-    const int64_t sf = spec_.spatial_factor, latent_rows = x.size(3) / sf;
-    const auto bands = bands_of(latent_rows, state.band_rows(), 1);
+    const int64_t sf = spec_.spatial_factor;
+    const Slab in = input_of(state, x);
+    const auto bands = bands_of(own_rows(state, in.frame / sf), state.band_rows(), 1);
     auto& slots = band_slots(state, bands.size(), enc_slots_);
-    Tensor h = run_bands(
-        x, bands, sf, [&](Rows r) { return encode_front_need(r); }, slots,
+    Slab h = run_bands(
+        in, bands, sf, [&](Rows r) { return encode_front_need(r); }, slots,
         [&](const Slab& crop, StateSlots& s, Rows keep) { return encode_front_band(crop, s, keep); });
-    h = enc_mid_.attn.forward(h, nullptr);
-    return run_bands(h, bands, 1, back_need, slots, [&](const Slab& crop, StateSlots& s, Rows) {
-      return Slab{encode_back(crop.t, s), crop.first, crop.frame};
-    });
+    h.t = enc_mid_.attn.forward(h.t, state.shard());
+    return run_bands(gather_for_bands(h, state), bands, 1, back_need, slots,
+                     [&](const Slab& crop, StateSlots& s, Rows) {
+                       return Slab{encode_back(crop.t, s), crop.first, crop.frame};
+                     })
+        .t;
   }
 
   Tensor decode_banded(SlotState& state, const Tensor& z, bool first) const {
-    const int64_t sf = spec_.spatial_factor, latent_rows = z.size(3);
-    const auto bands = bands_of(latent_rows, state.band_rows(), 1);
+    const int64_t sf = spec_.spatial_factor;
+    const Slab in = input_of(state, z);
+    const Rows own = own_rows(state, in.frame);
+    const auto bands = bands_of(own, state.band_rows(), 1);
     auto& slots = band_slots(state, bands.size(), dec_slots_);
-    Tensor h = run_bands(z, bands, 1, back_need, slots, [&](const Slab& crop, StateSlots& s, Rows) {
+    Slab h = run_bands(in, bands, 1, back_need, slots, [&](const Slab& crop, StateSlots& s, Rows) {
       return Slab{decode_front(crop.t, s), crop.first, crop.frame};
     });
-    h = dec_mid_.attn.forward(h, nullptr);
+    h.t = dec_mid_.attn.forward(h.t, state.shard());
     return run_bands(
-        h, bands_of(latent_rows, state.band_rows(), sf), 1, [&](Rows r) { return decode_back_need(r); }, slots,
-        [&](const Slab& crop, StateSlots& s, Rows keep) { return decode_back_band(crop, s, first, keep); });
+               gather_for_bands(h, state), bands_of(own, state.band_rows(), sf), 1,
+               [&](Rows r) { return decode_back_need(r); }, slots,
+               [&](const Slab& crop, StateSlots& s, Rows keep) { return decode_back_band(crop, s, first, keep); })
+        .t;
   }
 
   static VaeSpec make_spec(const WanConfig& cfg, const WeightSource& src) {

@@ -22,39 +22,52 @@ constexpr double kTol = 1e-5;
 // Irregular pushes, so bands meet every chunk shape the stream makes (1 frame, 4k frames, a padded tail).
 const std::vector<int64_t> kPushes = {2, 1, 7, 3};
 
-EncodedLatents encode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& frames, int64_t band) {
+// `ranks` copies of the model make a patch-parallel stream (one thread per rank, CPU store backend).
+std::vector<std::shared_ptr<const Vae>> ranks_of(const std::shared_ptr<const Vae>& vae, int ranks) {
+  return std::vector<std::shared_ptr<const Vae>>(size_t(ranks), vae);
+}
+
+torch::Tensor encode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& frames, BandOptions bands,
+                     int ranks = 1) {
   EncoderOptions opt;
-  opt.bands.height = band;
-  StreamingEncoder enc(vae, opt);
-  EncodedLatents all;
+  opt.bands = bands;
+  auto enc = open_encoder(ranks_of(vae, ranks), opt);
   std::vector<torch::Tensor> parts;
   for (int64_t i = 0, k = 0; i < frames.size(0); ++k) {
     const int64_t n = std::min(kPushes[size_t(k) % kPushes.size()], frames.size(0) - i);
-    auto e = enc.push(frames.slice(0, i, i + n));
+    auto e = enc->push(frames.slice(0, i, i + n));
     if (e.latents.defined()) parts.push_back(e.latents);
     i += n;
   }
-  auto e = enc.finish();
+  auto e = enc->finish();
   if (e.latents.defined()) parts.push_back(e.latents);
-  all.latents = torch::cat(parts, 0);
-  return all;
+  return torch::cat(parts, 0);
 }
 
-torch::Tensor decode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& latents, int64_t band) {
+torch::Tensor encode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& frames, int64_t band) {
+  return encode(vae, frames, BandOptions{band, 0});
+}
+
+torch::Tensor decode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& latents, BandOptions bands,
+                     int ranks = 1) {
   DecoderOptions opt;
-  opt.bands.height = band;
+  opt.bands = bands;
   opt.max_chunk_latents = 2;
-  StreamingDecoder dec(vae, opt);
+  auto dec = open_decoder(ranks_of(vae, ranks), opt);
   std::vector<torch::Tensor> parts;
   for (int64_t i = 0, k = 0; i < latents.size(0); ++k) {
     const int64_t n = std::min<int64_t>(1 + k % 2, latents.size(0) - i);
-    auto f = dec.push(latents.slice(0, i, i + n));
+    auto f = dec->push(latents.slice(0, i, i + n));
     if (f.defined()) parts.push_back(f);
     i += n;
   }
-  auto f = dec.finish();
+  auto f = dec->finish();
   if (f.defined()) parts.push_back(f);
   return torch::cat(parts, 0);
+}
+
+torch::Tensor decode(const std::shared_ptr<const Vae>& vae, const torch::Tensor& latents, int64_t band) {
+  return decode(vae, latents, BandOptions{band, 0});
 }
 
 // Frames with structure at every scale, so rows far apart differ and a band that read the wrong rows shows.
@@ -67,12 +80,12 @@ void expect_bands_exact(const std::shared_ptr<const Vae>& vae, int64_t h, int64_
                         const std::vector<int64_t>& latent_band_rows) {
   const int64_t sf = vae->spec().spatial_factor;
   const torch::Tensor x = frames(9, h, w);
-  const torch::Tensor whole = encode(vae, x, 0).latents;
+  const torch::Tensor whole = encode(vae, x, 0);
   const torch::Tensor whole_frames = decode(vae, whole, 0);
   for (int64_t rows : latent_band_rows) {
     SCOPED_TRACE("bands of " + std::to_string(rows) + " latent rows (" + std::to_string(rows * sf) + " px), " +
                  std::to_string(h) + "x" + std::to_string(w));
-    const torch::Tensor banded = encode(vae, x, rows * sf).latents;
+    const torch::Tensor banded = encode(vae, x, rows * sf);
     EXPECT_LE(rel_err(banded, whole), kTol);
     EXPECT_LE(rel_err(decode(vae, whole, rows * sf), whole_frames), kTol);
   }
@@ -138,16 +151,33 @@ TEST(WanBands, StateKeepsEveryBandsCaches) {
   EXPECT_EQ(banded.state_bytes(), 0u);
 }
 
-TEST(WanBands, PatchParallelIsRefusedWithTheReason) {
-  LATENT_REQUIRE_FIXTURES();
-  auto vae = load_vae(fixtures_dir() / "wan");
-  EncoderOptions opt;
-  opt.bands.height = 64;
-  try {
-    auto enc = open_encoder({vae, vae}, opt);
-    enc->push(frames(1, 160, 40));
-    FAIL() << "bands were accepted with two ranks";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("spatial bands and patch parallel"), std::string::npos) << e.what();
+// Bands with patch parallel: each rank computes the bands of its own rows from a crop of the frames (whole
+// latents when decoding) and recomputes their halos; the ranks exchange only the attention's keys and values and
+// its output. The result is one device's whole frames, for ranks thinner than the halo too.
+void expect_ranks_of_bands_exact(const std::shared_ptr<const Vae>& vae, int64_t h, int64_t w,
+                                 const std::vector<std::pair<int, BandOptions>>& cases) {
+  const torch::Tensor x = frames(9, h, w);
+  const torch::Tensor whole = encode(vae, x, 0);
+  const torch::Tensor whole_frames = decode(vae, whole, 0);
+  for (const auto& [ranks, bands] : cases) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks, band height " + std::to_string(bands.height) + ", budget " +
+                 std::to_string(bands.max_bytes >> 20) + " MiB");
+    EXPECT_LE(rel_err(encode(vae, x, bands, ranks), whole), kTol);
+    EXPECT_LE(rel_err(decode(vae, whole, bands, ranks), whole_frames), kTol);
   }
+}
+
+TEST(WanBands, RanksOfBandsEqualWholeFrames) {
+  LATENT_REQUIRE_FIXTURES();
+  // 20 latent rows: 2 ranks of 10 in bands of 1 and 4; 3 ranks (7, 7, 6 rows, each thinner than the encoder's
+  // halo) in bands of 2; a budget each rank's rows fit whole (one band per rank), and one that 3 ranks' encoders
+  // fit whole and their decoders only in bands of 2 rows (estimates of 7.0 and 9.6 MiB at 40 px wide).
+  expect_ranks_of_bands_exact(
+      load_vae(fixtures_dir() / "wan"), 160, 40,
+      {{2, {8, 0}}, {2, {32, 0}}, {3, {16, 0}}, {2, {0, size_t(1) << 40}}, {3, {0, size_t(10) << 20}}});
+}
+
+TEST(WanBands, RanksOfBandsEqualWholeFramesWan22) {
+  LATENT_REQUIRE_FIXTURES();
+  expect_ranks_of_bands_exact(load_vae(fixtures_dir() / "wan22"), 192, 32, {{2, {16, 0}}, {3, {32, 0}}});
 }

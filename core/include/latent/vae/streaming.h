@@ -69,8 +69,8 @@ struct EncoderOptions {
   uint64_t seed = 0;
   // Frames per model call after the first where the family allows batching; bounds activation memory.
   int64_t max_chunk_frames = 8;
-  // Patch parallel: this stream is one rank's band of rows. push() still takes whole frames and keeps its band;
-  // what comes out is that band of the latents.
+  // Patch parallel: this stream is one rank's band of rows. push() still takes whole frames and keeps its band
+  // (with `bands`, also the rows its bands' halos read); what comes out is that band of the latents.
   std::shared_ptr<const parallel::RowShard> shard;
   // Spatial tiles (open_encoder() only). Tiled encoding gives the posterior mean; `sample` is refused with it.
   TileOptions tile;
@@ -148,7 +148,8 @@ struct DecoderOptions {
   // Latents per model call after the first where the family allows batching. One keeps the decoder's peak
   // (activations of 4 full-size frames per latent) lowest; more gives larger convolutions, which pays on GPUs.
   int64_t max_chunk_latents = 1;
-  // Patch parallel: push() takes whole latents, keeps this rank's band and returns that band of the frames.
+  // Patch parallel: push() takes whole latents, keeps this rank's band (with `bands`, all of them: its bands crop
+  // what they read) and returns that band of the frames.
   std::shared_ptr<const parallel::RowShard> shard;
   // Spatial tiles (open_decoder() only).
   TileOptions tile;

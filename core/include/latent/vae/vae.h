@@ -37,6 +37,15 @@ class VaeState {
   // is the whole frame's. 0 (the default) computes whole frames.
   void set_band_rows(int64_t latent_rows) { band_rows_ = latent_rows; }
   int64_t band_rows() const { return band_rows_; }
+  // Bands with a shard: each rank computes the bands of its own rows from a crop of the frames that holds them
+  // and the rows they read (recomputed there, not exchanged): the chunks hold rows [first, first + their rows)
+  // of frames `frame` rows tall, at the input's resolution.
+  void set_input_rows(int64_t first, int64_t frame) {
+    input_first_ = first;
+    input_frame_ = frame;
+  }
+  int64_t input_first() const { return input_first_; }
+  int64_t input_frame() const { return input_frame_; }
 
  private:
   friend class Vae;
@@ -44,6 +53,7 @@ class VaeState {
   const Vae* model_ = nullptr;
   std::shared_ptr<const parallel::RowShard> shard_;
   int64_t band_rows_ = 0;
+  int64_t input_first_ = 0, input_frame_ = 0;
 };
 
 // How a family cuts time into chunks. The first chunk holds `first` frames (latents when decoding); every
@@ -108,8 +118,8 @@ class Vae {
   // rows x cols latents is estimated to need when computed in bands of `band_rows` latent rows (all rows: whole
   // frames); for choosing a band height under a memory budget (BandOptions::max_bytes). 0 where
   // exact_bands() is false.
-  virtual size_t band_chunk_bytes(VaeState::Role /*role*/, int64_t /*band_rows*/, int64_t /*rows*/,
-                                  int64_t /*cols*/, int64_t /*frames*/) const {
+  virtual size_t band_chunk_bytes(VaeState::Role /*role*/, int64_t /*band_rows*/, int64_t /*rows*/, int64_t /*cols*/,
+                                  int64_t /*frames*/) const {
     return 0;
   }
 
