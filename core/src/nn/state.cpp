@@ -11,6 +11,11 @@ size_t StateSlots::bytes() const {
 
 void StateSlots::carry(int i, const Tensor& frames) {
   Tensor& t = tensors[size_t(i)];
+  if (sink) {
+    sink->carry(i, frames, band_width > 0 ? band_first * frames.size(-1) / band_width : 0);
+    t = Tensor();
+    return;
+  }
   if (t.defined() && t.sizes() == frames.sizes() && t.options().type_equal(frames.options()) && t.is_contiguous()) {
     t.copy_(frames);
   } else {

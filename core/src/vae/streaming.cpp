@@ -77,8 +77,8 @@ int64_t budget_band_rows(const Vae& vae, VaeState::Role role, const BandOptions&
                          int64_t frames) {
   auto bytes = [&](int64_t r) { return vae.band_chunk_bytes(role, r, rows, cols, frames); };
   if (bands.max_bytes == 0 || bytes(rows) <= bands.max_bytes) return 0;
-  // Not monotonic: thinner bands hold fewer activations but their crops' caches overlap more. The tallest bands
-  // that fit recompute the fewest rows.
+  // Not monotonic: thinner bands hold fewer activations, but bands at all add copies of a crop's caches. The
+  // tallest bands that fit recompute the fewest rows.
   size_t least = bytes(rows);
   int64_t least_rows = rows;
   for (int64_t r = rows - 1; r >= 1; --r) {

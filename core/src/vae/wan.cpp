@@ -362,14 +362,13 @@ class WanVae : public Vae {
     // chunk's input and output.
     const double whole = double(mid_width_) * double(rows * cols) * lat_frames * es;
     const double io = double(3 * rows * sf * cols * sf) * px_frames * es;
-    // The caches every band carries for its own crop: the whole frame's, times how much the crops overlap. Most
-    // of the bytes are at the top level, whose halo after trimming is what counts (the decoder's latent-size
-    // stages read 15 rows beyond a band, its last level 8 pixels).
-    double crops = 0;
+    // The caches, kept once for the frame (vae/band_caches.h), and while a band runs a copy of its crop's plus the
+    // rows it owns waiting for the bands whose halos still read the old ones: about two crops. Most of the bytes
+    // are at the top level, whose halo after trimming is what counts (the decoder's latent-size stages read 15
+    // rows beyond a band, its last level 8 pixels).
     const int64_t lat_halo = enc ? ceil_div(band_halo(role), sf) : ceil_div(top_level_halo(), top);
-    for (int64_t lo = 0; lo < rows; lo += band_rows)
-      crops += double(std::min(rows, lo + band_rows + lat_halo) - std::max<int64_t>(0, lo - lat_halo));
-    const double state = (enc ? enc_cache_ : dec_cache_) * crops * double(cols) * es;
+    const double crop_rows = band_rows < rows ? double(std::min(rows, band_rows + 2 * lat_halo)) : 0;
+    const double state = (enc ? enc_cache_ : dec_cache_) * (double(rows) + 2 * crop_rows) * double(cols) * es;
     // 10% for the heap's fragmentation between band-sized and frame-sized blocks.
     return size_t(1.1 * (kTopTensors * top_tensor + kWholeTensors * whole + 2 * io + state));
   }
@@ -453,8 +452,10 @@ class WanVae : public Vae {
   // The encoder's front for one band: pixels in, the latent rows `keep` depends on out. After each level the band
   // is trimmed to what the levels below still need, so the recomputed rows shrink with depth.
   Slab encode_front_band(Slab x, StateSlots& s, Rows keep) const {
+    s.at_rows(x.first / patch_, x.t.size(4) / patch_);
     Slab y{enc_in_.forward(patchify(x.t, patch_), s), x.first / patch_, x.frame / patch_};
     for (size_t i = 0; i < down_.size(); ++i) {
+      s.at_rows(y.first, y.t.size(4));
       y.t = down_[i].forward(y.t, s, false);
       const int64_t f = down_[i].factor();
       y.first /= f;
@@ -467,14 +468,17 @@ class WanVae : public Vae {
       }
       y = trim(y, need, align);
     }
+    s.at_rows(y.first, y.t.size(4));
     y.t = enc_mid_.res0.forward(y.t, s);
     return y;
   }
 
   // The decoder's back for one band: latent rows in, the pixel rows `keep` out, trimmed after each level.
   Slab decode_back_band(Slab h, StateSlots& s, bool first, Rows keep) const {
+    s.at_rows(h.first, h.t.size(4));
     Slab y{dec_mid_.res1.forward(h.t, s), h.first, h.frame};
     for (size_t i = 0; i < up_.size(); ++i) {
+      s.at_rows(y.first, y.t.size(4));
       y.t = up_[i].forward(y.t, s, first);
       const int64_t f = up_[i].factor();
       y.first *= f;
@@ -483,27 +487,40 @@ class WanVae : public Vae {
       for (size_t j = up_.size(); j-- > i + 1;) need = up_[j].need(need);
       y = trim(y, need, 1);
     }
+    s.at_rows(y.first, y.t.size(4));
     y.t = unpatchify(conv_silu_rms_norm(dec_out_, y.t, dec_norm_, s), patch_).clamp(-1, 1);
     return {y.t, y.first * patch_, y.frame * patch_};
   }
 
+  // Where a banded stage keeps its caches: the bands' slots, the stage's shared caches (SlotState::band_caches),
+  // the frame's latent width and the stage's output rows per latent row.
+  struct BandStage {
+    std::vector<StateSlots>& slots;
+    BandCaches& caches;
+    int64_t latent_width = 0, out_scale = 1;
+  };
+
   // Runs `stage` over consecutive bands of output rows `out_bands`, which it returns. Band k starts from the crop
   // of `x` (rows along dim 3) holding every row its kept rows depend on (`need`, widened to multiples of `align`,
-  // the downsamplers' phase), and its caches are slots[k]; `stage` returns its output rows with their place in
+  // the downsamplers' phase), with the caches of its crop; `stage` returns its output rows with their place in
   // the frame.
   template <class Need, class Stage>
-  Slab run_bands(const Slab& x, const std::vector<Rows>& out_bands, int64_t align, Need need,
-                 std::vector<StateSlots>& slots, Stage stage) const {
+  Slab run_bands(const Slab& x, const std::vector<Rows>& out_bands, int64_t align, Need need, BandStage where,
+                 Stage stage) const {
     const int64_t first = out_bands.front().lo;
     Tensor out;
     int64_t frame = 0;
-    for (size_t k = 0; k < out_bands.size(); ++k) {
+    for (size_t k : where.caches.order(out_bands.size())) {
       const Rows keep = out_bands[k];
       const Rows reads = need(keep);
       const Slab crop = trim(x, reads, align);
       if (crop.first > std::max<int64_t>(0, reads.lo) || crop.first + crop.t.size(3) < std::min(x.frame, reads.hi))
         throw std::logic_error("a band's input lacks rows it reads");
-      const Slab y = stage(crop, slots[k], keep);
+      StateSlots& s = where.slots[k];
+      where.caches.begin(k, out_bands.size(), s, keep.lo / where.out_scale, keep.hi / where.out_scale,
+                         where.latent_width);
+      const Slab y = stage(crop, s, keep);
+      where.caches.end(s);
       if (y.first > keep.lo || y.first + y.t.size(3) < keep.hi)
         throw std::logic_error("a band's stage lost rows it was to keep");
       if (!out.defined()) {
@@ -514,6 +531,7 @@ class WanVae : public Vae {
       }
       out.narrow(3, keep.lo - first, keep.hi - keep.lo).copy_(y.t.narrow(3, keep.lo - y.first, keep.hi - keep.lo));
     }
+    where.caches.finish();
     return {out, first, frame};
   }
 
@@ -553,16 +571,17 @@ class WanVae : public Vae {
   }
 
   Tensor encode_banded(SlotState& state, const Tensor& x) const {
-    const int64_t sf = spec_.spatial_factor;
+    const int64_t sf = spec_.spatial_factor, width = x.size(4) / sf;
     const Slab in = input_of(state, x);
     const auto bands = bands_of(own_rows(state, in.frame / sf), state.band_rows(), 1);
     auto& slots = band_slots(state, bands.size(), enc_slots_);
     Slab h = run_bands(
-        in, bands, sf, [&](Rows r) { return encode_front_need(r); }, slots,
+        in, bands, sf, [&](Rows r) { return encode_front_need(r); }, {slots, state.band_caches[0], width, 1},
         [&](const Slab& crop, StateSlots& s, Rows keep) { return encode_front_band(crop, s, keep); });
     h.t = enc_mid_.attn.forward(h.t, state.shard());
-    return run_bands(gather_for_bands(h, state), bands, 1, back_need, slots,
+    return run_bands(gather_for_bands(h, state), bands, 1, back_need, {slots, state.band_caches[1], width, 1},
                      [&](const Slab& crop, StateSlots& s, Rows) {
+                       s.at_rows(crop.first, crop.t.size(4));
                        return Slab{encode_back(crop.t, s), crop.first, crop.frame};
                      })
         .t;
@@ -574,13 +593,16 @@ class WanVae : public Vae {
     const Rows own = own_rows(state, in.frame);
     const auto bands = bands_of(own, state.band_rows(), 1);
     auto& slots = band_slots(state, bands.size(), dec_slots_);
-    Slab h = run_bands(in, bands, 1, back_need, slots, [&](const Slab& crop, StateSlots& s, Rows) {
-      return Slab{decode_front(crop.t, s), crop.first, crop.frame};
-    });
+    const int64_t width = z.size(4);
+    Slab h = run_bands(in, bands, 1, back_need, {slots, state.band_caches[0], width, 1},
+                       [&](const Slab& crop, StateSlots& s, Rows) {
+                         s.at_rows(crop.first, crop.t.size(4));
+                         return Slab{decode_front(crop.t, s), crop.first, crop.frame};
+                       });
     h.t = dec_mid_.attn.forward(h.t, state.shard());
     return run_bands(
                gather_for_bands(h, state), bands_of(own, state.band_rows(), sf), 1,
-               [&](Rows r) { return decode_back_need(r); }, slots,
+               [&](Rows r) { return decode_back_need(r); }, {slots, state.band_caches[1], width, sf},
                [&](const Slab& crop, StateSlots& s, Rows keep) { return decode_back_band(crop, s, first, keep); })
         .t;
   }
