@@ -115,7 +115,8 @@ void install_band_properties(GObjectClass* klass, guint height_id, guint memory_
           "band-height", "Band height",
           "Exact spatial bands of this many pixel rows (Wan 2.1 and 2.2; a multiple of the model's spatial factor, 8 "
           "or 16): each chunk is computed band by band, every band from its rows plus the context its convolutions "
-          "read (recomputed) and with temporal caches of its own; only the attention, at latent resolution, sees the "
+          "read (recomputed), the temporal caches kept once for the frame; only the attention, at latent resolution, "
+          "sees the "
           "whole frame. The output equals whole frames'; activation memory follows the band. Bands cost extra "
           "compute for the recomputed rows (docs/performance.md). 0 = whole frames, or what max-memory picks. "
           "E.g. vaedecode band-height=256 ! ... for 2160x3840",

@@ -42,9 +42,9 @@ struct TileOptions {
 
 // Exact spatial bands (families with Vae::exact_bands(): Wan 2.1 and 2.2). Each chunk is computed depth-first in
 // bands of `height` pixel rows: the layers before the mid-block attention and those after it run band by band,
-// each band from its own rows plus the context its convolutions read (recomputed, not exchanged) and with its
-// own temporal caches; only the attention, at latent resolution, sees the whole frame. The result equals whole
-// frames' (to float rounding), with activation memory that follows the band, not the frame.
+// each band from its own rows plus the context its convolutions read (recomputed, not exchanged), the temporal
+// caches kept once for the frame; only the attention, at latent resolution, sees the whole frame. The result equals
+// whole frames' (to float rounding), with activation memory that follows the band, not the frame.
 struct BandOptions {
   int64_t height = 0;  // pixel rows per band, a multiple of the model's spatial factor; 0 = whole frames
   // Without a height: the tallest bands whose estimated activations per chunk (Vae::band_chunk_bytes) stay within

@@ -33,8 +33,8 @@ class VaeState {
   void set_shard(std::shared_ptr<const parallel::RowShard> shard) { shard_ = std::move(shard); }
   const parallel::RowShard* shard() const { return shard_.get(); }
   // Spatial bands (Vae::exact_bands()): each chunk is computed depth-first in bands of this many latent rows,
-  // each band from a crop of its input wide enough for every row it keeps, with caches of its own; the result
-  // is the whole frame's. 0 (the default) computes whole frames.
+  // each band from a crop of its input wide enough for every row it keeps, the caches kept once for the frame; the
+  // result is the whole frame's. 0 (the default) computes whole frames.
   void set_band_rows(int64_t latent_rows) { band_rows_ = latent_rows; }
   int64_t band_rows() const { return band_rows_; }
   // Bands with a shard: each rank computes the bands of its own rows from a crop of the frames that holds them
