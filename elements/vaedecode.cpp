@@ -50,7 +50,7 @@ struct Impl {
   guint tile_size = 0;
   double tile_overlap = 0;
   guint band_height = 0;
-  guint max_memory = 0;  // MiB
+  gint max_memory = -1;  // MiB; -1 automatic (BandOptions::automatic)
 
   std::shared_ptr<const latent::Vae> model;                // the first rank's
   std::vector<std::shared_ptr<const latent::Vae>> models;  // one per rank
@@ -447,7 +447,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   } else if (id == PROP_BAND_HEIGHT) {
     s.band_height = g_value_get_uint(value);
   } else if (id == PROP_MAX_MEMORY) {
-    s.max_memory = g_value_get_uint(value);
+    s.max_memory = g_value_get_int(value);
   } else {
     G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -469,7 +469,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
       if (id == PROP_TILE_SIZE) g_value_set_uint(value, s.tile_size);
       if (id == PROP_TILE_OVERLAP) g_value_set_double(value, s.tile_overlap);
       if (id == PROP_BAND_HEIGHT) g_value_set_uint(value, s.band_height);
-      if (id == PROP_MAX_MEMORY) g_value_set_uint(value, s.max_memory);
+      if (id == PROP_MAX_MEMORY) g_value_set_int(value, s.max_memory);
       GST_OBJECT_UNLOCK(self);
       break;
     }

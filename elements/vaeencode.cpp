@@ -51,7 +51,7 @@ struct Impl {
   guint tile_size = 0;
   double tile_overlap = 0;
   guint band_height = 0;
-  guint max_memory = 0;  // MiB
+  gint max_memory = -1;  // MiB; -1 automatic (BandOptions::automatic)
 
   // READY and up.
   std::shared_ptr<const latent::Vae> model;                // the first rank's
@@ -422,7 +422,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_TILE_SIZE: s.tile_size = g_value_get_uint(value); break;
     case PROP_TILE_OVERLAP: s.tile_overlap = g_value_get_double(value); break;
     case PROP_BAND_HEIGHT: s.band_height = g_value_get_uint(value); break;
-    case PROP_MAX_MEMORY: s.max_memory = g_value_get_uint(value); break;
+    case PROP_MAX_MEMORY: s.max_memory = g_value_get_int(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -440,7 +440,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_TILE_SIZE: g_value_set_uint(value, s.tile_size); break;
     case PROP_TILE_OVERLAP: g_value_set_double(value, s.tile_overlap); break;
     case PROP_BAND_HEIGHT: g_value_set_uint(value, s.band_height); break;
-    case PROP_MAX_MEMORY: g_value_set_uint(value, s.max_memory); break;
+    case PROP_MAX_MEMORY: g_value_set_int(value, s.max_memory); break;
     case PROP_FRAMES_IN: g_value_set_uint64(value, s.frames.load()); break;
     case PROP_LATENTS_OUT: g_value_set_uint64(value, s.latents.load()); break;
     case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;

@@ -115,26 +115,29 @@ void install_band_properties(GObjectClass* klass, guint height_id, guint memory_
           "band-height", "Band height",
           "Exact spatial bands of this many pixel rows (Wan 2.1 and 2.2; a multiple of the model's spatial factor, 8 "
           "or 16): each chunk is computed band by band, every band from its rows plus the context its convolutions "
-          "read (recomputed), the temporal caches kept once for the frame; only the attention, at latent resolution, "
-          "sees the "
-          "whole frame. The output equals whole frames'; activation memory follows the band. Bands cost extra "
+          "read (recomputed), the temporal caches kept once for the frame; only the attention, at latent "
+          "resolution, sees the whole frame. The output equals whole frames'; activation memory follows the band. "
+          "Bands cost extra "
           "compute for the recomputed rows (docs/performance.md). 0 = whole frames, or what max-memory picks. "
           "E.g. vaedecode band-height=256 ! ... for 2160x3840",
           0, 65536, 0, flags));
   g_object_class_install_property(
       klass, memory_id,
-      g_param_spec_uint("max-memory", "Max memory",
-                        "Activation memory per chunk to stay within, MiB (Wan): when band-height is 0, the tallest "
-                        "exact bands whose estimated activations fit are chosen at the first chunk (whole frames "
-                        "when they fit); a budget below one-row bands is an error naming the least. The estimate "
-                        "covers activations, not the weights or queued buffers. 0 = no bound",
-                        0, G_MAXUINT, 0, flags));
+      g_param_spec_int("max-memory", "Max memory",
+                       "Activation memory per chunk to stay within, MiB (Wan): when band-height is 0, the tallest "
+                       "exact bands whose estimated activations fit are chosen at the first chunk (whole frames "
+                       "when they fit); a budget below one-row bands is an error naming the least. The estimate "
+                       "covers activations and caches, not the weights or queued buffers. -1 = automatic: on a GPU "
+                       "90% of the device's free memory at the first chunk (one device; the least estimate's bands "
+                       "when nothing fits), no bound on the CPU. 0 = no bound",
+                       -1, G_MAXINT, -1, flags));
 }
 
-BandOptions band_options(guint height, guint max_mib) {
+BandOptions band_options(guint height, gint max_mib) {
   BandOptions b;
   b.height = int64_t(height);
-  b.max_bytes = size_t(max_mib) << 20;
+  b.max_bytes = max_mib > 0 ? size_t(max_mib) << 20 : 0;
+  b.automatic = max_mib < 0;
   return b;
 }
 

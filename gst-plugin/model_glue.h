@@ -48,8 +48,8 @@ void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_i
 TileOptions tile_options(guint size, double overlap);
 // Installs "band-height" and "max-memory" (vaeencode, vaedecode) under the ids given.
 void install_band_properties(GObjectClass* klass, guint height_id, guint memory_id, GParamFlags flags);
-// band-height (pixels) and max-memory (MiB) as the core's BandOptions.
-BandOptions band_options(guint height, guint max_mib);
+// band-height (pixels) and max-memory (MiB; -1 automatic) as the core's BandOptions.
+BandOptions band_options(guint height, gint max_mib);
 // Handles the model and parallel properties; false for any other id.
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value);
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value);

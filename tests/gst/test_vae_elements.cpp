@@ -346,6 +346,13 @@ static int max_level_diff(const Out& a, const Out& b) {
 // above bands of 80 px), give whole frames' output (within one 8-bit level: values
 // equal to 1e-5 can round to neighbouring levels); budgets below one-row bands and CogVideoX are refused.
 GST_START_TEST(test_wan_bands_equal_whole_frames) {
+  for (const char* name : {"vaeencode", "vaedecode"}) {
+    GstElement* e = gst_element_factory_make(name, nullptr);
+    gint mib = 0;
+    g_object_get(e, "max-memory", &mib, nullptr);
+    fail_unless_equals_int(mib, -1);  // automatic: a budget from the free memory on a GPU, none on the CPU
+    gst_object_unref(e);
+  }
   const std::string clip = src(9, 64, 160);
   const std::string tail = " ! appsink name=out";
   Out whole, banded, budget, too_small, cog_bands;

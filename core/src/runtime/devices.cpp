@@ -1,7 +1,12 @@
 #include "latent/runtime/devices.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
+
+#if LATENT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "latent/runtime/build_info.h"
 
@@ -38,6 +43,18 @@ torch::ScalarType resolve_dtype(const std::string& spec, torch::Device device) {
 }
 
 size_t available_memory(torch::Device device) {
+#if LATENT_WITH_CUDA
+  if (device.is_cuda()) {
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+    // The driver's free memory, and the blocks the caching allocator holds that no tensor uses: those are free
+    // to this process too.
+    const size_t free = alloc::get()->getMemoryInfo(index).first;
+    const auto stats = alloc::getDeviceStats(index);
+    const auto agg = size_t(c10::CachingAllocator::StatType::AGGREGATE);
+    return free + size_t(std::max<int64_t>(0, stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current));
+  }
+#endif
   if (!device.is_cpu()) return 0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key, unit;

@@ -136,6 +136,27 @@ TEST(WanBands, RefusedWhereNotExact) {
   }
 }
 
+// max-memory's automatic default: a budget (on a GPU, 90% of its free memory) that no bands fit takes the bands of
+// the least estimate rather than failing the stream; on the CPU it sets no budget, so frames are computed whole.
+TEST(WanBands, AutomaticBudgetTakesTheLeastEstimateAndNothingOnTheCpu) {
+  LATENT_REQUIRE_FIXTURES();
+  auto vae = load_vae(fixtures_dir() / "wan");
+  BandOptions b;
+  b.max_bytes = 1;
+  EXPECT_THROW(budget_band_rows(*vae, VaeState::Role::encoder, b, 20, 5, 8), std::invalid_argument);
+  b.automatic = true;
+  const int64_t least = budget_band_rows(*vae, VaeState::Role::encoder, b, 20, 5, 8);
+  ASSERT_GT(least, 0);
+  for (int64_t r = 1; r <= 20; ++r)
+    EXPECT_LE(vae->band_chunk_bytes(VaeState::Role::encoder, least, 20, 5, 8),
+              vae->band_chunk_bytes(VaeState::Role::encoder, r, 20, 5, 8))
+        << r;
+  const torch::Tensor x = frames(5, 160, 40);
+  BandOptions automatic;
+  automatic.automatic = true;
+  EXPECT_TRUE(torch::equal(encode(vae, x, automatic), encode(vae, x, 0)));  // bands would differ by a few ulp
+}
+
 // The bands' caches are kept once for the frame (vae/band_caches.h): after each chunk the state holds exactly
 // what whole frames' does, however much the bands' crops overlap, and so stays flat over the clip as theirs does
 // (StreamingMemory.EncoderAndDecoderHoldConstantStateOverALongClip).

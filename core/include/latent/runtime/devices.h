@@ -21,8 +21,9 @@ torch::Device resolve_device(const std::string& spec);
 // "auto" (float32 on the CPU, bfloat16 on a GPU), "float32", "float16", "bfloat16" (also f32/f16/bf16, fp32/...).
 torch::ScalarType resolve_dtype(const std::string& spec, torch::Device device);
 
-// Bytes the device can still hand out, for checks made before a large allocation: the kernel's MemAvailable on
-// the CPU. 0 where it cannot be told (CUDA devices for now: their allocator reports a failure itself).
+// Bytes the device can still hand out, for checks made before a large allocation and for automatic memory
+// budgets: the kernel's MemAvailable on the CPU; on a CUDA device the driver's free memory plus what the caching
+// allocator holds unused. 0 where it cannot be told.
 size_t available_memory(torch::Device device);
 
 }  // namespace latent

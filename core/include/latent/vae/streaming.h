@@ -50,6 +50,10 @@ struct BandOptions {
   // Without a height: the tallest bands whose estimated activations per chunk (Vae::band_chunk_bytes) stay within
   // this many bytes, chosen when the first chunk's size is known (whole frames when they fit). 0 = no bound.
   size_t max_bytes = 0;
+  // Neither set, on a GPU, for a family with exact bands and one device: max_bytes becomes 90% of the memory the
+  // device has free at the first chunk (runtime/devices.h), and a budget below the least estimate takes the bands
+  // of the least estimate instead of failing. Nothing on the CPU, whose memory the whole system shares.
+  bool automatic = false;
   bool enabled() const { return height > 0 || max_bytes > 0; }
 };
 
@@ -57,7 +61,8 @@ struct BandOptions {
 // without exact bands or a height that is not a positive multiple of the spatial factor.
 int64_t band_latent_rows(const Vae& vae, const BandOptions& bands);
 // The band height in latent rows that `bands.max_bytes` allows for chunks of `frames` (input frames when encoding,
-// latents when decoding) over frames of rows x cols latents: 0 (whole frames) when they fit. Throws
+// latents when decoding) over frames of rows x cols latents: 0 (whole frames) when they fit. With
+// `bands.automatic`, a budget no bands fit gives the bands of the least estimate; otherwise it throws
 // std::invalid_argument naming the least budget when even one-row bands do not fit.
 int64_t budget_band_rows(const Vae& vae, VaeState::Role role, const BandOptions& bands, int64_t rows, int64_t cols,
                          int64_t frames);
