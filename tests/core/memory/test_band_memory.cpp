@@ -92,7 +92,7 @@ TEST(StreamingMemory, WanBandsBoundActivationsByTheBand) {
 
 // A 2160x3840 clip streams through the default model in bands chosen by a budget: 5 frames encoded (the 1-frame
 // first chunk and a 4-frame one) and their 2 latents decoded, with the process's peak RSS above what it held
-// before within the budget (measured: 7.1 GiB on the 2-core CI machine; 9.3 GiB while every band kept caches of
+// before within the budget (measured: 7.1-7.2 GiB on the 2-core CI machine; 9.3 GiB while every band kept caches of
 // its own crop). Most of it is what no band height removes: the carried caches (two frames of every causal conv's
 // input: 4.7 GiB for the decoder's whole frame, kept once for all bands) and the chunk's frames in float. The
 // estimates for whole frames are printed beside it.
