@@ -362,10 +362,10 @@ class WanVae : public Vae {
     // chunk's input and output.
     const double whole = double(mid_width_) * double(rows * cols) * lat_frames * es;
     const double io = double(3 * rows * sf * cols * sf) * px_frames * es;
-    // The caches, kept once for the frame (vae/band_caches.h), and while a band runs a copy of its crop's plus the
-    // rows it owns waiting for the bands whose halos still read the old ones: about two crops. Most of the bytes
-    // are at the top level, whose halo after trimming is what counts (the decoder's latent-size stages read 15
-    // rows beyond a band, its last level 8 pixels).
+    // The caches, kept once for the frame (vae/band_caches.h), and while bands run the rows they own that later
+    // bands' halos still read in their old values, with the chunk's carried frames on their way back: counted as
+    // two crops. Most of the bytes are at the top level, whose halo after trimming is what counts (the decoder's
+    // latent-size stages read 15 rows beyond a band, its last level 8 pixels).
     const int64_t lat_halo = enc ? ceil_div(band_halo(role), sf) : ceil_div(top_level_halo(), top);
     const double crop_rows = band_rows < rows ? double(std::min(rows, band_rows + 2 * lat_halo)) : 0;
     const double state = (enc ? enc_cache_ : dec_cache_) * (double(rows) + 2 * crop_rows) * double(cols) * es;
