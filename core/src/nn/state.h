@@ -40,8 +40,8 @@ struct StateSlots {
     band_first = first;
     band_width = width;
   }
-  // Makes slot i hold a copy of `frames` (never a view: it would pin the whole chunk). From the second chunk
-  // on the copy goes into the slot's own buffer: a cache that stays where it is leaves the stream's heap
+  // Makes slot i hold a copy of `frames` (never a view: it would pin the whole chunk), or hands it to `sink`. From the
+  // second chunk on the copy goes into the slot's own buffer: a cache that stays where it is leaves the stream's heap
   // (memory/heap.h) the same shape chunk after chunk, where a fresh copy would land somewhere new every time.
   void carry(int i, const Tensor& frames);
 };

@@ -52,22 +52,25 @@ Tensor per_channel(const Tensor& v, const Tensor& like) {
   return v.to(like.device(), like.scalar_type()).reshape({1, -1, 1, 1, 1});
 }
 
-// The budget bands are chosen under at the first chunk: the one given, or with BandOptions::automatic on a GPU 90%
-// of the device's free memory (a patch-parallel stream takes its crops before the first chunk, so it needs its
-// choice made up front). max_bytes 0: whole frames.
-BandOptions budget_of(const Vae& vae, BandOptions bands, bool sharded) {
-  if (bands.height > 0 || bands.max_bytes > 0 || !bands.automatic) return bands;
-  if (!sharded && vae.exact_bands() && !vae.device().is_cpu())
-    bands.max_bytes = available_memory(vae.device()) / 10 * 9;
-  return bands;
-}
-
 // A rank's share of a frame's latent rows (patch parallel).
 parallel::Band own_rows(const parallel::RowShard& shard, int64_t rows) {
   return parallel::split_rows(rows, shard.world())[size_t(shard.rank())];
 }
 
 }  // namespace
+
+int64_t first_chunk_band_rows(const Vae& vae, VaeState::Role role, BandOptions bands, bool sharded, int64_t rows,
+                              int64_t cols, int64_t frames) {
+  if (bands.height > 0) return -1;
+  // Automatic: 90% of a GPU's free memory. Not for a patch-parallel stream, which cuts its crops before the first
+  // chunk and so needs its choice made up front.
+  if (bands.max_bytes == 0 && bands.automatic && !sharded && vae.exact_bands() && !vae.device().is_cpu())
+    bands.max_bytes = available_memory(vae.device()) / 10 * 9;
+  if (bands.max_bytes == 0) return -1;
+  const int64_t r = budget_band_rows(vae, role, bands, rows, cols, frames);
+  // A rank was given the crop its bands read, so it computes one band where whole frames would fit.
+  return r == 0 && sharded ? rows : r;
+}
 
 int64_t band_latent_rows(const Vae& vae, const BandOptions& bands) {
   if (!bands.enabled()) return 0;
@@ -215,14 +218,12 @@ Tensor StreamingEncoder::take_pending(int64_t n) { return cat_time(pending_, n, 
 EncodedLatents StreamingEncoder::encode(const Tensor& x, int64_t frames) {
   const VaeSpec& spec = vae_->spec();
   Tensor moments;
-  if (const BandOptions budget =
-          frames_coded_ == 0 ? budget_of(*vae_, options_.bands, options_.shard != nullptr) : BandOptions{};
-      budget.height == 0 && budget.max_bytes > 0) {
-    const int64_t sf = spec.spatial_factor, rows = options_.shard ? band_rows_ : x.size(3) / sf;
-    const int64_t r = budget_band_rows(*vae_, VaeState::Role::encoder, budget, rows, x.size(4) / sf,
-                                       std::max(options_.max_chunk_frames, spec.encode_chunks.step));
-    // A rank was given the crop its bands read, so it computes one band where whole frames would fit.
-    state_->set_band_rows(r == 0 && options_.shard ? rows : r);
+  if (frames_coded_ == 0) {
+    const int64_t sf = spec.spatial_factor;
+    const int64_t r = first_chunk_band_rows(*vae_, VaeState::Role::encoder, options_.bands, options_.shard != nullptr,
+                                            options_.shard ? band_rows_ : x.size(3) / sf, x.size(4) / sf,
+                                            std::max(options_.max_chunk_frames, spec.encode_chunks.step));
+    if (r >= 0) state_->set_band_rows(r);
   }
   {
     ActivationHeap::Scope scope(heap_.get(), vae_->device());
@@ -332,13 +333,11 @@ Tensor StreamingDecoder::decode(int64_t n) {
   std::vector<int64_t> real(pending_real_.begin(), pending_real_.begin() + n);
   pending_real_.erase(pending_real_.begin(), pending_real_.begin() + n);
 
-  if (const BandOptions budget =
-          latents_done_ == 0 ? budget_of(*vae_, options_.bands, options_.shard != nullptr) : BandOptions{};
-      budget.height == 0 && budget.max_bytes > 0) {
-    const int64_t rows = options_.shard ? own_rows(*options_.shard, z.size(3)).count : z.size(3);
-    const int64_t r = budget_band_rows(*vae_, VaeState::Role::decoder, budget, rows, z.size(4),
-                                       std::max<int64_t>(options_.max_chunk_latents, 1));
-    state_->set_band_rows(r == 0 && options_.shard ? rows : r);  // see StreamingEncoder::encode
+  if (latents_done_ == 0) {
+    const int64_t r = first_chunk_band_rows(*vae_, VaeState::Role::decoder, options_.bands, options_.shard != nullptr,
+                                            options_.shard ? own_rows(*options_.shard, z.size(3)).count : z.size(3),
+                                            z.size(4), std::max<int64_t>(options_.max_chunk_latents, 1));
+    if (r >= 0) state_->set_band_rows(r);
   }
   Tensor frames;  // [3, F, H, W]; what is handed out is copied from it, outside the heap
   {

@@ -151,6 +151,19 @@ TEST(WanBands, AutomaticBudgetTakesTheLeastEstimateAndNothingOnTheCpu) {
     EXPECT_LE(vae->band_chunk_bytes(VaeState::Role::encoder, least, 20, 5, 8),
               vae->band_chunk_bytes(VaeState::Role::encoder, r, 20, 5, 8))
         << r;
+  // What a first chunk sets: nothing for an explicit height or automatic on the CPU; whole frames (0) for a budget
+  // they fit, but one band for a rank, which was handed a crop; the budget's bands otherwise.
+  BandOptions height;
+  height.height = 64;
+  EXPECT_EQ(first_chunk_band_rows(*vae, VaeState::Role::encoder, height, false, 20, 5, 8), -1);
+  b.max_bytes = 0;
+  EXPECT_EQ(first_chunk_band_rows(*vae, VaeState::Role::encoder, b, false, 20, 5, 8), -1);
+  BandOptions roomy;
+  roomy.max_bytes = size_t(1) << 40;
+  EXPECT_EQ(first_chunk_band_rows(*vae, VaeState::Role::encoder, roomy, false, 20, 5, 8), 0);
+  EXPECT_EQ(first_chunk_band_rows(*vae, VaeState::Role::encoder, roomy, true, 7, 5, 8), 7);
+  b.max_bytes = 1;
+  EXPECT_EQ(first_chunk_band_rows(*vae, VaeState::Role::encoder, b, false, 20, 5, 8), least);
   const torch::Tensor x = frames(5, 160, 40);
   BandOptions automatic;
   automatic.automatic = true;

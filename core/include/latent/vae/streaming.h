@@ -66,6 +66,11 @@ int64_t band_latent_rows(const Vae& vae, const BandOptions& bands);
 // std::invalid_argument naming the least budget when even one-row bands do not fit.
 int64_t budget_band_rows(const Vae& vae, VaeState::Role role, const BandOptions& bands, int64_t rows, int64_t cols,
                          int64_t frames);
+// What a stream's first chunk sets its band height to (latent rows; -1: leave what `bands.height` set): the
+// budget's choice (budget_band_rows, with BandOptions::automatic resolved), and for a rank of a patch-parallel
+// stream (`sharded`, `rows` its own) one band where whole frames would fit, since it was given a crop.
+int64_t first_chunk_band_rows(const Vae& vae, VaeState::Role role, BandOptions bands, bool sharded, int64_t rows,
+                              int64_t cols, int64_t frames);
 
 struct EncoderOptions {
   // Draw z = mean + std * noise instead of the posterior mean; the noise comes from a CPU generator seeded
