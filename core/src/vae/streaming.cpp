@@ -334,9 +334,11 @@ Tensor StreamingDecoder::decode(int64_t n) {
   pending_real_.erase(pending_real_.begin(), pending_real_.begin() + n);
 
   if (latents_done_ == 0) {
+    // A rank holds whole latents only with bands (push()); otherwise z is its rows already.
+    const bool whole = options_.shard && options_.bands.enabled();
+    const int64_t rows = whole ? own_rows(*options_.shard, z.size(3)).count : z.size(3);
     const int64_t r = first_chunk_band_rows(*vae_, VaeState::Role::decoder, options_.bands, options_.shard != nullptr,
-                                            options_.shard ? own_rows(*options_.shard, z.size(3)).count : z.size(3),
-                                            z.size(4), std::max<int64_t>(options_.max_chunk_latents, 1));
+                                            rows, z.size(4), std::max<int64_t>(options_.max_chunk_latents, 1));
     if (r >= 0) state_->set_band_rows(r);
   }
   Tensor frames;  // [3, F, H, W]; what is handed out is copied from it, outside the heap
