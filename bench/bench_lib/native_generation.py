@@ -86,7 +86,7 @@ def cpu_share(r, threads):
 
 def measure(cmd, timeout, threads, min_share, retries, wait):
     """One measurement process, measured again (at most `retries` times) when others took its cores."""
-    from .cli import wait_for_quiet
+    from .measure import wait_for_quiet
 
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -182,7 +182,7 @@ def run(args, binary, out_dir):
     scratch = os.path.join(args.cache, "native-latents")
     os.makedirs(scratch, exist_ok=True)
     os.makedirs(out_dir, exist_ok=True)
-    from .cli import machine_info
+    from .measure import machine_info
 
     results = {"mode": "generate-native", "about": __doc__.strip().split("\n\n")[0].replace("\n", " "),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine_info("cpu"),

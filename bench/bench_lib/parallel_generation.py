@@ -107,7 +107,7 @@ def run(args, binary, out_dir):
     scratch = os.path.join(args.cache, "parallel-latents")
     os.makedirs(scratch, exist_ok=True)
     os.makedirs(out_dir, exist_ok=True)
-    from .cli import machine_info
+    from .measure import machine_info
 
     results = {"mode": "generate-devices", "about": __doc__.strip().split("\n\n")[0].replace("\n", " "),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine_info("cpu"),
@@ -151,7 +151,7 @@ def run(args, binary, out_dir):
 def measure(cmd, timeout, omp_threads, cores, min_share, retries, wait):
     """One measurement process (OMP_NUM_THREADS=omp_threads, which every rank thread takes), measured again when
     it got less than min_share of `cores` (another process took them)."""
-    from .cli import wait_for_quiet
+    from .measure import wait_for_quiet
 
     env = dict(os.environ, OMP_NUM_THREADS=str(omp_threads))
     for attempt in range(1 + retries):

@@ -76,7 +76,7 @@ def max_abs_diff(a_path, b_path):
 
 
 def run(args, binary, out_dir):
-    from .cli import REF_RUNNER, Runner, describe, machine_info
+    from .measure import REF_RUNNER, Runner, describe, machine_info
 
     sizes = args.resolutions or DEFAULT_SIZES
     bands = args.bands or DEFAULT_BANDS
