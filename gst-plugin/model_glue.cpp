@@ -3,10 +3,12 @@
 #include <c10/util/Exception.h>
 
 #include "latent/io/safetensors.h"
+#include "latent/runtime/build_info.h"
 #include "latent/runtime/default_model.h"
 #include "latent/runtime/devices.h"
 #include "latent/runtime/shared_models.h"
 #include "latent/vae/sharded_streaming.h"
+#include "launch_device.h"
 
 GST_DEBUG_CATEGORY_STATIC(latent_model_debug);
 #define GST_CAT_DEFAULT latent_model_debug
@@ -46,9 +48,9 @@ void install_model_properties(GObjectClass* klass, const std::string& model_blur
   g_object_class_install_property(
       klass, PROP_DEVICE,
       g_param_spec_string("device", "Device",
-                          "Where to compute: auto (the first GPU if any, else the CPU), cpu, cuda, cuda:N. A device "
-                          "that is missing is an error, never a silent fallback. Read at NULL->READY: set it in the "
-                          "NULL state",
+                          "Where to compute: auto (the first GPU if any, else the CPU), cpu, cuda, cuda:N. Under "
+                          "torchrun auto and cuda mean cuda:LOCAL_RANK, one GPU per process. A device that is missing "
+                          "is an error, never a silent fallback. Read at NULL->READY: set it in the NULL state",
                           "auto", flags));
   g_object_class_install_property(
       klass, PROP_DTYPE,
@@ -324,10 +326,31 @@ std::vector<ModelSettings> rank_settings(GstElement* element, const ModelSetting
   return out;
 }
 
+bool place_on_local_rank(GstElement* element, ModelSettings& settings) {
+  init_debug();
+  if (!settings.devices.empty()) return true;
+  const LaunchVariables env = LaunchVariables::from_environment();
+  if (!env.present()) return true;
+  try {
+    const std::string device = device_for_process(settings.device, env, cuda_device_count());
+    if (device != settings.device)
+      GST_INFO_OBJECT(element, "device %s under torchrun (LOCAL_RANK=%s): %s", settings.device.c_str(),
+                      env.local_rank.c_str(), device.c_str());
+    settings.device = device;
+    return true;
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(element, RESOURCE, SETTINGS, ("Cannot pick this process's GPU: %s", e.what()),
+                      ("device property: %s; WORLD_SIZE=%s RANK=%s LOCAL_RANK=%s", settings.device.c_str(),
+                       env.world_size.c_str(), env.rank.c_str(), env.local_rank.c_str()));
+    return false;
+  }
+}
+
 std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* element, const ModelSettings& settings) {
   GST_OBJECT_LOCK(element);
-  const ModelSettings s = settings;
+  ModelSettings s = settings;
   GST_OBJECT_UNLOCK(element);
+  if (!place_on_local_rank(element, s)) return {};
   std::vector<std::shared_ptr<const Vae>> models;
   for (const ModelSettings& one : rank_settings(element, s)) {
     auto m = acquire_model(element, one);

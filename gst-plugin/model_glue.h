@@ -98,10 +98,16 @@ std::vector<ModelSettings> rank_settings(GstElement* element, const ModelSetting
 // How long a rank of the settings' group waits for another.
 parallel::GroupOptions group_options(const ModelSettings& settings);
 
+// Under torchrun (launch_device.h), a device left to the element (auto, cuda) becomes the GPU of this process's
+// LOCAL_RANK; settings with a devices list are left alone. False after posting an ERROR message (a LOCAL_RANK that
+// is malformed or names a GPU the machine does not have).
+bool place_on_local_rank(GstElement* element, ModelSettings& settings);
+
 // Loads the model for the settings as they stand (read under the object lock) at NULL->READY.
 std::shared_ptr<const Vae> acquire_model_locked(GstElement* element, const ModelSettings& settings);
-// One model per rank: `devices` entries in order (ranks on one device share it), or just the `device` one. Every
-// rank computes in the first device's dtype when dtype is auto. Empty after posting an ERROR message.
+// One model per rank: `devices` entries in order (ranks on one device share it), or just the `device` one (under
+// torchrun, place_on_local_rank's). Every rank computes in the first device's dtype when dtype is auto. Empty after
+// posting an ERROR message.
 std::vector<std::shared_ptr<const Vae>> acquire_models_locked(GstElement* element, const ModelSettings& settings);
 
 // The stream for `models`: one device's, or a patch-parallel group's over all of them. Null after posting an

@@ -1,7 +1,9 @@
-// The pieces of glue vaeencode and vaedecode share, without a model: events held behind data, and the latency
-// bound with its hysteresis.
+// The pieces of glue vaeencode and vaedecode share, without a model: events held behind data, the latency bound
+// with its hysteresis, and the device a process takes under torchrun.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -9,11 +11,14 @@
 
 #include "held_events.h"
 #include "latency.h"
+#include "launch_device.h"
 
 namespace {
 
+using latent::gst::device_for_process;
 using latent::gst::HeldEvents;
 using latent::gst::LatencyBound;
+using latent::gst::LaunchVariables;
 
 constexpr GstClockTime ms(double v) { return GstClockTime(v * double(GST_MSECOND)); }
 
@@ -126,6 +131,66 @@ GST_START_TEST(test_which_events_wait) {
 }
 GST_END_TEST;
 
+// torchrun's second process on a machine with two GPUs.
+LaunchVariables second_of_two() { return {"2", "1", "1"}; }
+
+// The message device_for_process throws, or "" when it returns.
+std::string refusal(const std::string& requested, const LaunchVariables& env, int cuda_devices) {
+  try {
+    device_for_process(requested, env, cuda_devices);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+GST_START_TEST(test_torchrun_processes_take_the_gpu_of_their_local_rank) {
+  g_setenv("WORLD_SIZE", "2", TRUE);
+  g_setenv("RANK", "1", TRUE);
+  g_setenv("LOCAL_RANK", "1", TRUE);
+  const LaunchVariables env = LaunchVariables::from_environment();
+  fail_unless(env.present());
+  fail_unless_equals_string(device_for_process("auto", env, 2).c_str(), "cuda:1");
+  fail_unless_equals_string(device_for_process("", env, 2).c_str(), "cuda:1");
+  // "cuda" names no GPU: under torchrun it means this process's, as torch.cuda.set_device(LOCAL_RANK) makes it.
+  fail_unless_equals_string(device_for_process("cuda", env, 2).c_str(), "cuda:1");
+  // The local rank, not the global one: the second machine's first process takes its cuda:0.
+  fail_unless_equals_string(device_for_process("auto", {"4", "2", "0"}, 2).c_str(), "cuda:0");
+  // A launcher that sets no LOCAL_RANK: RANK is the index on a one-machine run.
+  fail_unless_equals_string(device_for_process("auto", {"2", "1", ""}, 2).c_str(), "cuda:1");
+  g_unsetenv("WORLD_SIZE");
+  g_unsetenv("RANK");
+  g_unsetenv("LOCAL_RANK");
+  fail_if(LaunchVariables::from_environment().present());
+}
+GST_END_TEST;
+
+GST_START_TEST(test_a_named_device_and_runs_without_torchrun_or_cuda_are_left_alone) {
+  for (const char* named : {"cpu", "cuda:0", "cuda:1"})
+    fail_unless_equals_string(device_for_process(named, second_of_two(), 2).c_str(), named);
+  fail_unless_equals_string(device_for_process("auto", {}, 2).c_str(), "auto");
+  // Without CUDA auto stays the CPU, whatever the launcher wrote.
+  fail_unless_equals_string(device_for_process("auto", second_of_two(), 0).c_str(), "auto");
+  fail_unless_equals_string(device_for_process("auto", {"2", "1", "x"}, 0).c_str(), "auto");
+}
+GST_END_TEST;
+
+GST_START_TEST(test_a_malformed_or_missing_local_rank_is_refused_by_name) {
+  for (const char* bad : {"x", "1 ", " 1", "+1", "-1", "1.0", "0x1", "99999999999999999999"}) {
+    const std::string why = refusal("auto", {"2", "1", bad}, 2);
+    fail_unless(why.find(std::string("LOCAL_RANK='") + bad + "' is not a whole number") != std::string::npos,
+                "LOCAL_RANK '%s': '%s'", bad, why.c_str());
+  }
+  fail_unless(refusal("auto", {"2", "z", ""}, 2).find("RANK='z'") != std::string::npos);
+  // One GPU for the second process of two: named, never a silent cuda:0 shared with the first.
+  const std::string beyond = refusal("auto", second_of_two(), 1);
+  fail_unless(beyond.find("LOCAL_RANK=1, but this machine has 1 CUDA device") != std::string::npos, "%s",
+              beyond.c_str());
+  // A named device is not the launcher's business: its LOCAL_RANK is not even read.
+  fail_unless(refusal("cuda:0", {"2", "1", "x"}, 2).empty());
+}
+GST_END_TEST;
+
 Suite* glue_suite() {
   Suite* s = suite_create("glue");
   TCase* tc = tcase_create("glue");
@@ -135,6 +200,9 @@ Suite* glue_suite() {
   tcase_add_test(tc, test_events_go_out_before_the_output_that_covers_their_input);
   tcase_add_test(tc, test_a_flush_keeps_sticky_events_only);
   tcase_add_test(tc, test_which_events_wait);
+  tcase_add_test(tc, test_torchrun_processes_take_the_gpu_of_their_local_rank);
+  tcase_add_test(tc, test_a_named_device_and_runs_without_torchrun_or_cuda_are_left_alone);
+  tcase_add_test(tc, test_a_malformed_or_missing_local_rank_is_refused_by_name);
   return s;
 }
 
