@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -22,8 +23,17 @@ torch::Device resolve_device(const std::string& spec);
 torch::ScalarType resolve_dtype(const std::string& spec, torch::Device device);
 
 // Bytes the device can still hand out, for checks made before a large allocation and for automatic memory
-// budgets: the kernel's MemAvailable on the CPU; on a CUDA device the driver's free memory plus what the caching
+// budgets: host_available_memory() on the CPU; on a CUDA device the driver's free memory plus what the caching
 // allocator holds unused. 0 where it cannot be told.
 size_t available_memory(torch::Device device);
+
+// The host memory this process can still take: the smaller of the kernel's MemAvailable and the room left under the
+// memory limits of the process's cgroup and its ancestors (cgroup v2 memory.max, v1 memory.limit_in_bytes), so a
+// container refuses a size instead of being killed by the OOM killer. The room under a limit is the limit less the
+// usage that cannot be reclaimed (usage less inactive file cache, as the kernel would drop that page cache before
+// killing). `root` is the file system root the /proc and /sys/fs/cgroup files are read under (another root in
+// tests). A limit that is absent, "max" or unreadable is no limit; 0 where neither MemAvailable nor a limit can be
+// read.
+size_t host_available_memory(const std::filesystem::path& root = "/");
 
 }  // namespace latent
