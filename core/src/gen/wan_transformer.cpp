@@ -348,36 +348,65 @@ class WanTransformer : public Denoiser {
   // text alone, so a clip's steps and its two guidance branches would otherwise recompute the text embedder and
   // two linear maps of all 512 tokens per block on every call.
   struct TextKeys {
-    Tensor text;  // the embeddings they were made from, kept so a lookup can compare values
+    // The prompt's key: the embeddings tensor they were made from (held, so its address is never another's) and its
+    // version counter then. The same tensor at the same version holds the same values, which the lookup tells
+    // from the host alone; comparing the values on the device would wait for the device at every call. An
+    // inference tensor has no version counter: a copy of it is kept instead, found by value only.
+    Tensor text;
+    std::optional<uint32_t> version;
     std::vector<Tensor> k, v;
+    bool same_tensor(const Tensor& t) const {
+      return version && !t.is_inference() && text.unsafeGetTensorImpl() == t.unsafeGetTensorImpl() &&
+             t._version() == *version;
+    }
+    // Whether `text` still holds the values the keys were made from.
+    bool unchanged() const { return !version || text._version() == *version; }
   };
 
+  static void key_by(TextKeys& e, const Tensor& text) {
+    if (text.is_inference()) {
+      e.text = text.clone();
+      e.version.reset();
+    } else {
+      e.text = text;
+      e.version = text._version();
+    }
+  }
+
+  // Keys by tensor first: the generator passes the same embeddings tensor at every call, so its lookups never read
+  // the values. Another tensor (a caller that copies its embeddings for every call, or changed them in place) is
+  // compared by value, once: an equal entry is then kept under the new tensor. Writes that bypass the version
+  // counter (through a raw pointer) are not seen; in-place tensor operations are.
   std::shared_ptr<const TextKeys> text_keys(const Tensor& text) const {
-    // Equal values, not the same tensor: a caller may change its embeddings in place between calls, and a compare
-    // of L x text_dim values costs a millisecond against a call's hundreds.
-    const auto same = [&](const TextKeys& e) {
+    const auto equal_values = [&](const TextKeys& e) {
       return e.text.sizes() == text.sizes() && e.text.scalar_type() == text.scalar_type() &&
              e.text.device() == text.device() && torch::equal(e.text, text);
     };
-    {
-      std::lock_guard<std::mutex> lock(text_keys_mutex_);
-      for (auto it = text_keys_.begin(); it != text_keys_.end(); ++it)
-        if (same(**it)) {
-          auto hit = *it;
-          text_keys_.erase(it);
-          text_keys_.push_front(hit);
-          return hit;
-        }
-    }
+    const auto to_front = [&](auto it, std::shared_ptr<const TextKeys> entry) {
+      text_keys_.erase(it);
+      text_keys_.push_front(entry);
+      return entry;
+    };
+    std::unique_lock<std::mutex> lock(text_keys_mutex_);
+    for (auto it = text_keys_.begin(); it != text_keys_.end(); ++it)
+      if ((*it)->same_tensor(text)) return to_front(it, *it);
+    // An entry whose own tensor changed since holds other values than its keys were made from: never compared.
+    for (auto it = text_keys_.begin(); it != text_keys_.end(); ++it)
+      if ((*it)->unchanged() && equal_values(**it)) {
+        auto rekeyed = std::make_shared<TextKeys>(**it);
+        key_by(*rekeyed, text);
+        return to_front(it, std::move(rekeyed));
+      }
+    lock.unlock();
     auto e = std::make_shared<TextKeys>();
-    e->text = text.clone();
+    key_by(*e, text);
     const Tensor ctx = text_2_(torch::gelu(text_1_(text), "tanh"));  // [1, L, D]
     for (const Block& b : blocks_) {
       const Attention& a = b.cross_attn;
       e->k.push_back(torch::rms_norm(a.k(ctx), {cfg_.dim()}, a.norm_k, cfg_.eps).unflatten(2, {cfg_.heads, -1}));
       e->v.push_back(a.v(ctx).unflatten(2, {cfg_.heads, -1}));
     }
-    std::lock_guard<std::mutex> lock(text_keys_mutex_);
+    lock.lock();
     text_keys_.push_front(e);
     if (text_keys_.size() > kCachedPrompts) text_keys_.pop_back();
     return e;

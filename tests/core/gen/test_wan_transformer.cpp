@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -148,6 +149,30 @@ TEST(WanTransformer, TimestepsArePerFrame) {
   const torch::Tensor b = m.predict(x, ts, text);
   const torch::Tensor per_frame = (a - b).abs().amax({0, 1, 3, 4});
   EXPECT_EQ(per_frame.argmax().item<int64_t>(), 2);
+}
+
+// The prompt cache is keyed by the embeddings tensor and its version counter, so the generator's calls (the same
+// tensor every time) find it without reading the values, which on a GPU would wait for the device at every call.
+// A write the version counter does not see (through a raw pointer) shows that no value is read; an in-place
+// operation is seen, and other tensors give their own values' prediction.
+TEST(WanTransformer, PromptCacheHitsByTensorWithoutReadingIt) {
+  LATENT_REQUIRE_WAN_FIXTURES();
+  const auto m = load_denoiser(fixtures() / "pipeline");  // a cache of its own
+  const torch::Tensor x = tensor("t5_8x12.x"), ts = tensor("t5_8x12.timesteps");
+  torch::Tensor text = tensor("t5_8x12.text").clone();
+  const torch::Tensor original = text.clone(), other = text * 0.5f - 0.25f;
+  const torch::Tensor first = m->predict(x, ts, text);
+  const torch::Tensor with_other = m->predict(x, ts, other.clone());
+  ASSERT_FALSE(torch::allclose(first, with_other));
+
+  std::memcpy(text.data_ptr<float>(), other.data_ptr<float>(), size_t(text.numel()) * sizeof(float));
+  EXPECT_TRUE(torch::equal(m->predict(x, ts, text), first)) << "the lookup read the values";
+
+  text.copy_(other);  // the same values, now through the version counter
+  EXPECT_TRUE(torch::equal(m->predict(x, ts, text), with_other)) << "an in-place change was not seen";
+  text.copy_(original);
+  EXPECT_TRUE(torch::equal(m->predict(x, ts, text), first));
+  EXPECT_TRUE(torch::equal(m->predict(x, ts, other.clone()), with_other));
 }
 
 TEST(WanTransformer, ShardedEqualsSingleAndTransformerFolder) {
