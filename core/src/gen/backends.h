@@ -31,5 +31,9 @@ std::shared_ptr<Denoiser> make_small_denoiser(const WeightSource& src, const Loa
 // (gen/diffusers_folder.h finds it): gen/wan_transformer.cpp and gen/cogvideox_transformer.cpp.
 std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt);
 std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt);
+// The position tables a native CogVideoX denoiser keeps for latents of frames x height x width (the sin-cos
+// positions, or RoPE's cos and sin), without making them: empty where it keeps none. For tests of the cache.
+std::vector<torch::Tensor> cogvideox_cached_tables(const Denoiser& model, int64_t frames, int64_t height,
+                                                   int64_t width);
 
 }  // namespace latent

@@ -11,8 +11,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <list>
+#include <mutex>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "gen/backends.h"
 #include "gen/diffusers_folder.h"
@@ -218,6 +221,19 @@ class CogVideoXTransformer : public Denoiser {
 
   int64_t attention_heads() const override { return cfg_.heads; }
 
+  // Latent frames, patch rows and columns, device, dtype.
+  using TableKey = std::tuple<int64_t, int64_t, int64_t, c10::DeviceType, c10::DeviceIndex, torch::ScalarType>;
+  // The position tables kept for `key` (see position_tables()), nothing where none are.
+  std::optional<std::vector<Tensor>> cached_tables(const TableKey& key) const {
+    std::lock_guard<std::mutex> lock(tables_mutex_);
+    for (auto it = tables_.begin(); it != tables_.end(); ++it)
+      if (it->first == key) {
+        if (it != tables_.begin()) tables_.splice(tables_.begin(), tables_, it);
+        return tables_.front().second;
+      }
+    return std::nullopt;
+  }
+
  protected:
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& text) const override {
     return forward(x, timesteps, text, nullptr);
@@ -261,13 +277,16 @@ class CogVideoXTransformer : public Denoiser {
       const bool sample_size = frames == cfg_.sample_latent_frames() &&
                                (frames - 1) * cfg_.temporal_compression + 1 == cfg_.sample_frames &&
                                height == cfg_.sample_height && width == cfg_.sample_width;
-      const Tensor positions = sample_size ? sample_positions_ : sincos_positions(frames, hp, wp, x.device(), dt);
+      const Tensor positions = sample_size ? sample_positions_ : position_tables(frames, hp, wp, x.device(), dt)[0];
       h = slice ? slice->take(h + positions) : h + positions;
     } else if (slice) {
       h = slice->take(h);
     }
     Tensor cos, sin;
-    if (cfg_.rope) std::tie(cos, sin) = pipeline_rope(frames, hp, wp, x.device());
+    if (cfg_.rope) {
+      const std::vector<Tensor> rope = position_tables(frames, hp, wp, x.device(), dt);
+      cos = rope[0], sin = rope[1];
+    }
     if (slice && cos.defined()) cos = cos.index_select(0, slice->index()), sin = sin.index_select(0, slice->index());
     const int64_t rows = slice ? slice->chunk() : tokens;  // this rank's video rows
 
@@ -298,6 +317,30 @@ class CogVideoXTransformer : public Denoiser {
         .permute({0, 1, 4, 2, 5, 3, 6})
         .reshape({1, frames, c, height, width})
         .permute({0, 2, 1, 3, 4});
+  }
+
+  // The position tables of a latent size: the sin-cos positions [tokens, D] in the compute dtype, or RoPE's cos and
+  // sin [tokens, head_dim] in float32, on `device`. They depend on the size alone but are made on the host in
+  // float64 and copied over, which at every call would stall the device's queue behind the host: each size's are
+  // made once and kept. Every stream of a shared model looks them up, hence the lock; a size made twice at once
+  // keeps the first.
+  std::vector<Tensor> position_tables(int64_t frames, int64_t hp, int64_t wp, torch::Device device,
+                                      torch::ScalarType dtype) const {
+    const TableKey key{frames, hp, wp, device.type(), device.index(), dtype};
+    if (std::optional<std::vector<Tensor>> kept = cached_tables(key)) return *kept;
+    std::vector<Tensor> made;
+    if (cfg_.rope) {
+      auto [cos, sin] = pipeline_rope(frames, hp, wp, device);
+      made = {std::move(cos), std::move(sin)};
+    } else {
+      made = {sincos_positions(frames, hp, wp, device, dtype)};
+    }
+    std::lock_guard<std::mutex> lock(tables_mutex_);
+    for (const auto& [k, t] : tables_)
+      if (k == key) return t;
+    tables_.emplace_front(key, made);
+    if (tables_.size() > kCachedSizes) tables_.pop_back();
+    return made;
   }
 
   // get_3d_sincos_pos_embed: [frames * hp * wp, D], a frame part (D/4) and a spatial part (3D/4, column then row
@@ -414,9 +457,24 @@ class CogVideoXTransformer : public Denoiser {
   std::vector<Block> blocks_;
   Norm norm_final_, norm_out_;
   Tensor sample_positions_;  // [sample tokens, D] in the compute dtype, sin-cos models only
+  // A stream calls with one size (the clip schedule's); each entry is a table of the whole latent video (tens of
+  // MB for a 2B clip in bfloat16), so only the most recent few sizes stay.
+  static constexpr size_t kCachedSizes = 4;
+  mutable std::mutex tables_mutex_;
+  mutable std::list<std::pair<TableKey, std::vector<Tensor>>> tables_;  // most recently used first
 };
 
 }  // namespace
+
+std::vector<torch::Tensor> cogvideox_cached_tables(const Denoiser& model, int64_t frames, int64_t height,
+                                                   int64_t width) {
+  const auto* cog = dynamic_cast<const CogVideoXTransformer*>(&model);
+  if (!cog) return {};
+  const int64_t p = model.spec().size_multiple;
+  const CogVideoXTransformer::TableKey key{
+      frames, height / p, width / p, model.device().type(), model.device().index(), model.dtype()};
+  return cog->cached_tables(key).value_or(std::vector<torch::Tensor>{});
+}
 
 std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt) {
   if (!folder.pipeline_class.empty() && folder.pipeline_class != "CogVideoXPipeline")

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 
+#include "gen/backends.h"
 #include "io/json.h"
 #include "latent/gen/denoiser.h"
 #include "latent/gen/generator.h"
@@ -102,6 +103,38 @@ TEST(CogVideoXTransformer, MatchesDiffusersFp32) {
 // Every module in the compute dtype, as diffusers runs CogVideoX in half precision: bf16's 8-bit mantissa (3e-3
 // relative per rounding) through 2 blocks leaves ~1e-2 of the output scale, fp16's 11 bits less; a broken dtype
 // path shows as far more.
+// The position tables (2B-like sin-cos positions, 5B-like RoPE) depend on the latent size alone: made once per size
+// and kept on the model's device, the same tensors at every call of that size, other ones for another size. The
+// outputs stay diffusers' (MatchesDiffusersFp32 runs the kept tables at every size of its cases).
+TEST(CogVideoXTransformer, PositionTablesAreMadeOncePerSize) {
+  LATENT_REQUIRE_COGVIDEOX_FIXTURES();
+  for (const std::string variant : {"sincos", "rope"}) {
+    const auto m = load_denoiser(fixtures() / variant);  // a cache of its own
+    const torch::Tensor text = tensor(variant + ".t2_4x8.text");
+    const auto call = [&](int64_t frames, int64_t height, int64_t width) {
+      const torch::Tensor x = torch::randn({1, 16, frames, height, width});
+      return m->predict(x, torch::full({1, frames}, 500.0f), text);
+    };
+    // 2 frames of 4x6 and 1 of 6x4: neither is the configured size, whose sin-cos table is built at load.
+    EXPECT_TRUE(cogvideox_cached_tables(*m, 2, 4, 6).empty()) << variant;
+    call(2, 4, 6);
+    const std::vector<torch::Tensor> kept = cogvideox_cached_tables(*m, 2, 4, 6);
+    ASSERT_EQ(kept.size(), variant == "rope" ? 2u : 1u) << variant;
+    EXPECT_EQ(kept[0].size(0), 2 * 2 * 3) << variant;  // a row per video token
+    EXPECT_EQ(kept[0].device(), m->device());
+    call(2, 4, 6);
+    const std::vector<torch::Tensor> again = cogvideox_cached_tables(*m, 2, 4, 6);
+    ASSERT_EQ(again.size(), kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(again[i].is_same(kept[i])) << variant << " table " << i;
+    call(1, 6, 4);
+    const std::vector<torch::Tensor> other = cogvideox_cached_tables(*m, 1, 6, 4);
+    ASSERT_EQ(other.size(), kept.size()) << variant;
+    EXPECT_FALSE(other[0].is_same(kept[0])) << variant;
+    EXPECT_EQ(other[0].size(0), 1 * 3 * 2) << variant;
+    EXPECT_TRUE(cogvideox_cached_tables(*m, 2, 4, 6)[0].is_same(kept[0])) << variant << ": the first size was dropped";
+  }
+}
+
 TEST(CogVideoXTransformer, HalfPrecisionCloseToFp32) {
   LATENT_REQUIRE_COGVIDEOX_FIXTURES();
   for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
