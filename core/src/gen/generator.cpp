@@ -137,11 +137,17 @@ void Denoising::check_interrupted() const {
 }
 
 torch::Tensor Denoising::noise(int64_t frames) {
-  if (!frames_first_)
-    return torch::randn({1, channels_, frames, height_, width_}, cpu_generator_, torch::kFloat).to(model_.device());
-  return torch::randn({1, frames, channels_, height_, width_}, cpu_generator_, torch::kFloat)
-      .permute({0, 2, 1, 3, 4})
-      .to(model_.device());
+  // Drawn by the CPU generator, as diffusers' pipelines draw their seeded noise, so a seed gives their numbers. For
+  // a GPU the draw goes straight into pinned memory and is copied without waiting: a stochastic sampler draws at
+  // every step, and a blocking copy would stall the host behind the device's queue each time.
+  const torch::Device device = model_.device();
+  const bool pinned = device.is_cuda();
+  const auto host = torch::TensorOptions().dtype(torch::kFloat).pinned_memory(pinned);
+  const torch::Tensor drawn =
+      frames_first_
+          ? torch::randn({1, frames, channels_, height_, width_}, cpu_generator_, host).permute({0, 2, 1, 3, 4})
+          : torch::randn({1, channels_, frames, height_, width_}, cpu_generator_, host);
+  return drawn.to(device, /*non_blocking=*/pinned);
 }
 
 StepNoise Denoising::step_noise(const torch::Tensor& x) {
