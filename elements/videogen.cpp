@@ -225,7 +225,7 @@ double effective_guidance(const latent::DenoiserSpec& spec, const Settings& s) {
 // The negative prompt a run encodes: none without guidance; the empty prompt when guided and unset, as diffusers'
 // pipelines do.
 std::optional<std::string> negative_to_encode(const latent::DenoiserSpec& spec, const Settings& s) {
-  if (effective_guidance(spec, s) == 1.0) return std::nullopt;
+  if (effective_guidance(spec, s) <= 1.0) return std::nullopt;
   return s.negative_prompt.value_or("");
 }
 
@@ -902,8 +902,8 @@ void install_properties(GObjectClass* gobject) {
   g_object_class_install_property(
       gobject, PROP_GUIDANCE_SCALE,
       g_param_spec_double("guidance-scale", "Guidance scale",
-                          "Classifier-free guidance: when not 1, each step also runs the negative prompt; -1 "
-                          "takes the model's recommendation",
+                          "Classifier-free guidance: above 1, each step also runs the negative prompt (1 or less: the "
+                          "prompt alone, as in diffusers); -1 takes the model's recommendation",
                           -1.0, 100.0, kModelGuidance, rw));
   g_object_class_install_property(gobject, PROP_SEED,
                                   g_param_spec_uint64("seed", "Seed",
@@ -951,7 +951,7 @@ void install_properties(GObjectClass* gobject) {
   g_object_class_install_property(
       gobject, PROP_NEGATIVE_PROMPT,
       g_param_spec_string("negative-prompt", "Negative prompt",
-                          "What to steer away from with classifier-free guidance (guidance-scale not 1); unset: "
+                          "What to steer away from with classifier-free guidance (guidance-scale above 1); unset: "
                           "the empty prompt, as diffusers' pipelines do",
                           nullptr, rw));
   g_object_class_install_property(

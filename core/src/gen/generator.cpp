@@ -22,7 +22,7 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
   if (spec.text_tokens == 0) {
     if (o.text.defined() || o.negative_text.defined())
       bad_option("this model takes no text conditioning; leave text and negative_text unset");
-    if (o.guidance != 1.0)
+    if (o.guidance > 1.0)
       bad_option("guidance mixes text and negative text predictions; this model takes no text conditioning");
     return;
   }
@@ -32,7 +32,7 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
   };
   const std::string shape = "[1, " + std::to_string(spec.text_tokens) + ", " + std::to_string(spec.text_dim) + "]";
   if (!fits(o.text)) bad_option("text must be prompt embeddings " + shape);
-  if (o.guidance != 1.0 && !fits(o.negative_text))
+  if (o.guidance > 1.0 && !fits(o.negative_text))
     bad_option("guidance " + std::to_string(o.guidance) + " needs negative_text " + shape +
                " (the embeddings of the negative or empty prompt)");
 }
@@ -102,7 +102,7 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
       executor_(executor ? std::move(executor) : make_local_executor()) {
   // Moved to the model once, not at every call.
   if (options.text.defined()) text_ = options.text.to(model.device(), model.dtype());
-  if (options.negative_text.defined() && guidance_ != 1.0)
+  if (options.negative_text.defined() && guided())
     negative_text_ = options.negative_text.to(model.device(), model.dtype());
   if (options.initial_noise.defined()) initial_noise_ = options.initial_noise.to(model.device(), torch::kFloat);
 }

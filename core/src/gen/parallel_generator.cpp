@@ -141,10 +141,10 @@ void check_plan(const ParallelPlan& plan, const GeneratorOptions& options, const
   if (plan.cfg < 1 || plan.ulysses < 1 || plan.partitions < 1)
     bad_plan("cfg, ulysses and partitions must be >= 1 (" + describe_plan(plan) + ")");
   if (plan.cfg > 2) bad_plan("cfg " + std::to_string(plan.cfg) + ": a guided call has 2 evaluations, so cfg is 1 or 2");
-  const bool guided = options.guidance != 1.0;
+  const bool guided = options.guidance > 1.0;
   if (plan.cfg == 2 && !guided)
     bad_plan(
-        "cfg 2 puts the text and the negative text evaluations on different ranks; with guidance 1 there is "
+        "cfg 2 puts the text and the negative text evaluations on different ranks; with guidance <= 1 there is "
         "no negative text evaluation: use cfg 1");
   if (plan.ulysses > 1) {
     if (heads <= 0)
@@ -172,7 +172,7 @@ ParallelPlan choose_plan(int devices, const DenoiserSpec& spec, double guidance,
                          int64_t steps, int64_t window) {
   if (steps <= 0) steps = spec.sampler.steps;
   if (window <= 0) window = spec.window;
-  const bool guided = guidance != 1.0 && spec.text_tokens > 0;
+  const bool guided = guidance > 1.0 && spec.text_tokens > 0;
   const int64_t calls = fifo_calls(schedule, steps, window);
   // A split of n ranks into Ulysses x partitions that keeps each busy: fifo partitions where there are that many,
   // else a Ulysses degree dividing the head count.

@@ -60,8 +60,9 @@ class Denoising {
   torch::Tensor noise_state() const;
   void restore_noise_state(const torch::Tensor& state);
 
-  // For executors. Whether a call is two evaluations.
-  bool guided() const { return guidance_ != 1.0; }
+  // For executors. Whether a call is two evaluations: only above 1, diffusers' do_classifier_free_guidance (a scale
+  // of 1 or less runs the prompt alone, see GeneratorOptions::guidance).
+  bool guided() const { return guidance_ > 1.0; }
   // One evaluation of `call`: with the text, or with the negative text when `uncond`. Throws Interrupted while
   // interrupted. `sequence_group`: the ranks that run this evaluation together (Ulysses), null for one.
   torch::Tensor evaluate(const ModelCall& call, bool uncond, parallel::Communicator* sequence_group = nullptr) const;

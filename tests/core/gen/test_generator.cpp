@@ -315,6 +315,36 @@ TEST(Generator, GuidanceMixesConditionalAndUnconditional) {
   EXPECT_EQ(g.model_calls(), 2);
 }
 
+// diffusers guides only above 1 (do_classifier_free_guidance = guidance_scale > 1): a scale of 1 or less runs the
+// prompt alone, one call per step, and gives what guidance 1 gives, never a step away from the prompt.
+TEST(Generator, GuidanceOfOneOrLessRunsThePromptAlone) {
+  const auto run = [](std::shared_ptr<const Denoiser> model, double guidance, bool negative) {
+    GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::euler, 3, 2);
+    if (model->spec().text_tokens > 0) {
+      o.text = torch::full({1, 3, 4}, 0.5);
+      if (negative) o.negative_text = torch::full({1, 3, 4}, -2.0);
+    }
+    o.guidance = guidance;
+    Generator g(std::move(model), o);
+    torch::Tensor x = g.next()[0].latent;
+    return std::make_pair(x, g.model_calls());
+  };
+  auto text_model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3);
+  const auto [alone, alone_calls] = run(text_model, 1.0, false);
+  EXPECT_EQ(alone_calls, 3);
+  for (double guidance : {0.5, 0.0}) {
+    const auto [x, calls] = run(text_model, guidance, true);
+    EXPECT_EQ(calls, 3) << "guidance " << guidance << " ran the negative prompt";
+    EXPECT_TRUE(torch::equal(x, alone)) << "guidance " << guidance << " moved away from the prompt";
+    // No negative prompt is needed where there is no guidance.
+    EXPECT_TRUE(torch::equal(run(text_model, guidance, false).first, alone));
+  }
+  EXPECT_EQ(run(text_model, 1.5, true).second, 6);
+  // A model without text takes any scale up to 1: there is nothing to guide.
+  auto plain = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  EXPECT_TRUE(torch::equal(run(plain, 0.5, false).first, run(plain, 1.0, false).first));
+}
+
 TEST(Generator, OptionsThatDoNotFitAreNamed) {
   auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
   auto o = options(ScheduleKind::clip, SamplerKind::euler, 4, 5);

@@ -41,10 +41,12 @@ struct GeneratorOptions {
   // Latent frames per model call; 0 takes the denoiser's window.
   int64_t window = 0;
   int64_t context = 0;  // rolling: clean frames carried into each window (< window)
-  // Classifier-free guidance: prediction = uncond + guidance * (cond - uncond), uncond from negative_text.
+  // Classifier-free guidance: prediction = uncond + guidance * (cond - uncond), uncond from negative_text. On only
+  // above 1, as in diffusers' pipelines (do_classifier_free_guidance = guidance_scale > 1): a scale of 1 or less
+  // runs the prompt alone, one model call per step, and never extrapolates away from the prompt.
   double guidance = 1.0;
   torch::Tensor text;           // [1, L, D] prompt embeddings, for a model that takes text
-  torch::Tensor negative_text;  // the same shape; needed when guidance != 1
+  torch::Tensor negative_text;  // the same shape; needed when guidance > 1
   // The noise comes from a CPU generator with this seed: the same seed gives the same latents on every device.
   uint64_t seed = 0;
   // clip only: the starting noise [1, C, frames, h, w] instead of the seeded draw, e.g. a reference pipeline's

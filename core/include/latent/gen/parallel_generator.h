@@ -6,7 +6,7 @@
 // (the seeded noise is drawn on the CPU, the same everywhere).
 //
 //   cfg         2: the text and the negative text evaluations of a call on different ranks (exact; needs
-//               guidance != 1)
+//               guidance > 1)
 //   partitions  fifo's partitions (one model call per window of adjacent noise levels) spread over call groups
 //               (exact). An iteration with fewer evaluations than call groups leaves the rest idle: the clip and
 //               rolling schedules make one call at a time, fifo fewer while its queue fills.
