@@ -37,6 +37,16 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
                " (the embeddings of the negative or empty prompt)");
 }
 
+// "" for a tensor of finite values, else how many NaN and infinite values it holds ("3 NaN and 1 infinite values").
+std::string non_finite_values(const torch::Tensor& t) {
+  const int64_t nan = torch::isnan(t).sum().item<int64_t>(), inf = torch::isinf(t).sum().item<int64_t>();
+  if (nan == 0 && inf == 0) return "";
+  std::string out;
+  if (nan > 0) out = std::to_string(nan) + " NaN";
+  if (inf > 0) out += (out.empty() ? "" : " and ") + std::to_string(inf) + " infinite";
+  return out + (nan + inf == 1 ? " value" : " values");
+}
+
 std::string gib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(size_t(1) << 30));
@@ -236,6 +246,10 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
         << " " << o.initial_noise.scalar_type();
       bad_option(s.str());
     }
+    // One NaN or infinity spreads through attention to every latent within a step: refused here, not found later
+    // as a video of NaN.
+    if (const std::string bad = non_finite_values(o.initial_noise); !bad.empty())
+      bad_option("initial_noise holds " + bad + ": the starting latents must be finite");
   }
   switch (o.schedule) {
     case ScheduleKind::clip:

@@ -345,6 +345,21 @@ TEST(Generator, GuidanceOfOneOrLessRunsThePromptAlone) {
   EXPECT_TRUE(torch::equal(run(plain, 0.5, false).first, run(plain, 1.0, false).first));
 }
 
+// One NaN in a user's starting latents would make every frame NaN without a word: it is refused by name.
+TEST(Generator, NonFiniteInitialNoiseIsRefused) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::euler, 2, 2);
+  o.initial_noise = torch::randn({1, 2, 2, 3, 5});
+  EXPECT_EQ(option_error(model, o), "(accepted)");
+  o.initial_noise[0][1][1][2][4] = std::nan("");
+  const std::string nan = option_error(model, o);
+  EXPECT_NE(nan.find("initial_noise holds 1 NaN value"), std::string::npos) << nan;
+  o.initial_noise[0][0][0][0][0] = -INFINITY;
+  o.initial_noise[0][0][0][0][1] = INFINITY;
+  const std::string both = option_error(model, o);
+  EXPECT_NE(both.find("initial_noise holds 1 NaN and 2 infinite values"), std::string::npos) << both;
+}
+
 TEST(Generator, OptionsThatDoNotFitAreNamed) {
   auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
   auto o = options(ScheduleKind::clip, SamplerKind::euler, 4, 5);
