@@ -15,6 +15,7 @@
 #include "latent/vae/streaming.h"
 #include "latent_caps.h"
 #include "model_glue.h"
+#include "video_pool.h"
 
 GST_DEBUG_CATEGORY_STATIC(vae_decode_debug);
 #define GST_CAT_DEFAULT vae_decode_debug
@@ -57,6 +58,7 @@ struct Impl {
   std::unique_ptr<latent::DecoderStream> decoder;          // one device's, or a patch-parallel group's
   std::optional<LatentCapsInfo> in;
   GstVideoInfo out{};
+  latent::gst::VideoOutputPool pool;  // where the frames of `out` are written
   std::deque<Pending> pending;
   int64_t emitted_of_front = 0;  // frames of pending.front() already pushed
   uint64_t next_latent = 0;      // stream number of the next latent in
@@ -110,10 +112,17 @@ void update_hold_time(Impl& s) {
 // Whether latents are held whose frames have not all gone out (serialized events then wait behind them).
 bool holding(const Impl& s) { return s.next_latent > s.done_latents || !s.held.empty(); }
 
+bool negotiate_output(GstVaeDecode* self);
+
 // Pushes decoded frames, stamping them from the latents they came from.
 GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
   Impl& s = *self->impl;
   if (!frames.defined() || frames.size(0) == 0) return GST_FLOW_OK;
+  // Downstream asked for new caps or a new pool (RECONFIGURE).
+  if (gst_pad_check_reconfigure(self->srcpad) && !negotiate_output(self)) {
+    gst_pad_mark_reconfigure(self->srcpad);
+    return GST_PAD_IS_FLUSHING(self->srcpad) ? GST_FLOW_FLUSHING : GST_FLOW_NOT_NEGOTIATED;
+  }
   torch::Tensor rgb = latent::frames_to_rgb8(frames);
   const GstClockTime dur = frame_duration(s);
   for (int64_t i = 0; i < rgb.size(0); ++i) {
@@ -138,7 +147,16 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
       s.held.release_before(self->srcpad, s.pending.front().index + 1);
       if (s.emitted_of_front >= s.pending.front().frames) s.done_latents = s.pending.front().index + 1;
     }
-    latent::gst::BufferPtr buf(gst_buffer_new_allocate(nullptr, GST_VIDEO_INFO_SIZE(&s.out), nullptr));
+    GstBuffer* acquired = nullptr;
+    const GstFlowReturn got = s.pool.acquire(&acquired);
+    if (got != GST_FLOW_OK) {
+      if (got == GST_FLOW_ERROR)
+        GST_ELEMENT_ERROR(self, RESOURCE, FAILED, ("Cannot get a buffer for an output frame."),
+                          ("%" G_GSIZE_FORMAT " bytes", GST_VIDEO_INFO_SIZE(&s.out)));
+      GST_DEBUG_OBJECT(self, "no output buffer: %s", gst_flow_get_name(got));
+      return got;
+    }
+    latent::gst::BufferPtr buf(acquired);
     {
       latent::gst::VideoFrameMap frame(&s.out, buf.get(), GST_MAP_WRITE);
       if (!frame) {
@@ -230,6 +248,52 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   return ret;
 }
 
+// Every RGB layout we write, at the size and rate the latents decode to, for downstream to pick from.
+GstCaps* offered_caps(const GstVaeDecode* self) {
+  const LatentCapsInfo& in = *self->impl->in;
+  // The video size is the source's; latents of other grids decode to spatial_factor times their size.
+  int w = in.video_width > 0 ? in.video_width : in.width * in.spatial_factor;
+  int h = in.video_height > 0 ? in.video_height : in.height * in.spatial_factor;
+  if (w != in.width * in.spatial_factor || h != in.height * in.spatial_factor) {
+    w = in.width * in.spatial_factor;
+    h = in.height * in.spatial_factor;
+  }
+  Fraction fps = in.video_framerate;
+  if (fps.num == 0 && in.framerate.num > 0) fps = {in.framerate.num * in.temporal_factor, in.framerate.den};
+  GstCaps* caps = gst_caps_make_writable(gst_pad_get_pad_template_caps(self->srcpad));
+  gst_caps_set_simple(caps, "width", G_TYPE_INT, w, "height", G_TYPE_INT, h, "framerate", GST_TYPE_FRACTION, fps.num,
+                      fps.den, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
+  return caps;
+}
+
+// Agrees on the output caps with downstream, sends them when they changed, and sets up the pool the frames are
+// written into (ALLOCATION query). Runs when the latent caps change and when downstream asks (RECONFIGURE).
+bool negotiate_output(GstVaeDecode* self) {
+  Impl& s = *self->impl;
+  gst_pad_check_reconfigure(self->srcpad);  // this negotiation answers a request made until now
+  GstCaps* want = offered_caps(self);
+  GstCaps* peer = gst_pad_peer_query_caps(self->srcpad, want);
+  GstCaps* chosen = gst_caps_is_empty(peer) ? nullptr : gst_caps_fixate(gst_caps_ref(peer));
+  gst_caps_unref(peer);
+  gst_caps_unref(want);
+  if (!chosen) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Downstream accepts none of the RGB formats vaedecode writes."),
+                      ("put videoconvert after vaedecode"));
+    return false;
+  }
+  GstCaps* current = gst_pad_get_current_caps(self->srcpad);
+  bool ok = true;
+  if (!current || !gst_caps_is_equal(current, chosen)) {
+    gst_video_info_from_caps(&s.out, chosen);
+    ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(chosen));
+  }
+  if (current) gst_caps_unref(current);
+  // New caps need a new pool; so may the same caps when downstream asks again (its pool or sink changed).
+  if (ok) s.pool.negotiate(GST_ELEMENT(self), self->srcpad, chosen);
+  gst_caps_unref(chosen);
+  return ok;
+}
+
 bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
   Impl& s = *self->impl;
   std::string why;
@@ -262,33 +326,7 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
   if (s.in && drain(self) != GST_FLOW_OK) return false;
   if (!reset_clip(self)) return false;
   s.in = info;
-  // The video size is the source's; latents of other grids decode to spatial_factor times their size.
-  int w = info->video_width > 0 ? info->video_width : info->width * info->spatial_factor;
-  int h = info->video_height > 0 ? info->video_height : info->height * info->spatial_factor;
-  if (w != info->width * info->spatial_factor || h != info->height * info->spatial_factor) {
-    w = info->width * info->spatial_factor;
-    h = info->height * info->spatial_factor;
-  }
-  Fraction fps = info->video_framerate;
-  if (fps.num == 0 && info->framerate.num > 0) fps = {info->framerate.num * info->temporal_factor, info->framerate.den};
-
-  // Offer every RGB layout we write and let downstream pick.
-  GstCaps* templ = gst_pad_get_pad_template_caps(self->srcpad);
-  GstCaps* want = gst_caps_make_writable(templ);
-  gst_caps_set_simple(want, "width", G_TYPE_INT, w, "height", G_TYPE_INT, h, "framerate", GST_TYPE_FRACTION, fps.num,
-                      fps.den, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
-  GstCaps* peer = gst_pad_peer_query_caps(self->srcpad, want);
-  GstCaps* chosen = gst_caps_is_empty(peer) ? nullptr : gst_caps_fixate(gst_caps_ref(peer));
-  gst_caps_unref(peer);
-  gst_caps_unref(want);
-  if (!chosen) {
-    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Downstream accepts none of the RGB formats vaedecode writes."),
-                      ("put videoconvert after vaedecode"));
-    return false;
-  }
-  gst_video_info_from_caps(&s.out, chosen);
-  bool ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(chosen));
-  gst_caps_unref(chosen);
+  const bool ok = negotiate_output(self);
   update_hold_time(s);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
   return ok;
@@ -310,7 +348,9 @@ gboolean handle_sink_event(GstVaeDecode* self, GstPad* pad, GstEvent* event) {
     case GST_EVENT_SEGMENT_DONE:
     case GST_EVENT_STREAM_START:
     case GST_EVENT_SEGMENT: drain(self); break;
+    case GST_EVENT_FLUSH_START: s.pool.set_flushing(true); break;  // a wait for a free buffer ends
     case GST_EVENT_FLUSH_STOP:
+      s.pool.set_flushing(false);
       s.held.flush();
       s.next_latent = 0;
       reset_clip(self);
@@ -412,11 +452,16 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       if (!reset_clip(self)) return GST_STATE_CHANGE_FAILURE;
       break;
     }
+    case GST_STATE_CHANGE_PAUSED_TO_READY:
+      // A streaming thread waiting for a free buffer must return before the pads can be deactivated.
+      s.pool.set_flushing(true);
+      break;
     default: break;
   }
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_vae_decode_parent_class)->change_state(element, transition);
   switch (transition) {
     case GST_STATE_CHANGE_PAUSED_TO_READY:
+      s.pool.stop();
       s.decoder.reset();
       s.pending.clear();
       s.held.clear();
