@@ -18,6 +18,7 @@ struct EncodeSettings {
   double fps = 0;             // 0: the source rate; a row's fps column overrides it
   uint64_t max_frames = 0;    // video frames per clip, 0: all
   double timeout_seconds = 3600;
+  bool seek = true;  // seek near a clip's start where the source can; false: decode from the video's start
 };
 
 struct ClipResult {
@@ -26,6 +27,8 @@ struct ClipResult {
   uint64_t frames = 0;   // video frames encoded
   uint64_t latents = 0;  // latent frames written
   double seconds = 0;
+  std::string seek;            // where the clip seeked, or why it did not (for --verbose)
+  uint64_t frames_before = 0;  // frames decoded before the clip's start that reached the pipeline
 };
 
 // Encodes `clip` into `out_file` (written under a temporary name and renamed into place by latentfilesink at EOS).

@@ -1,6 +1,7 @@
 // latent-precompute: encodes a dataset of videos to latent files for training, from a CSV manifest or a folder,
 // one GStreamer pipeline per clip, resumable, in memory bounded by the clips in flight. docs/precompute.md.
 #include <gst/gst.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -55,8 +56,12 @@ constexpr int kExitFatal = 3;
                "                      spatial factor: 8, or 16 for wan2.2)\n"
                "  --fps F             resample to F frames/s (a row's fps column wins)\n"
                "  --max-frames N      encode at most N frames of each clip\n"
-               "  --rank R --world-size N  take every N-th row from row R (default: $RANK, $WORLD_SIZE)\n"
+               "  --rank R --world-size N  take every N-th row from row R (default: $RANK, $WORLD_SIZE as\n"
+               "                      torchrun sets them, else Slurm's $SLURM_PROCID, $SLURM_NTASKS and job array)\n"
                "  --timeout S         give a clip up after S seconds (default 3600)\n"
+               "  --no-seek           decode every clip from the start of its video, for a source whose seeks\n"
+               "                      are not exact (the default seeks near a clip's start when it can)\n"
+               "  --verbose, -v       a line per clip: where it seeked, frames decoded before its start\n"
                "exit status: 0 all clips done, 1 some clips failed (see errors-rankR.jsonl), 2 bad usage, 3 nothing\n"
                "could run or the run had to stop (manifest, output folder or model unusable, OUT_DIR in use by\n"
                "another process of this rank or made with other settings, the disk full)\n");
@@ -67,21 +72,22 @@ struct Options {
   fs::path manifest, out;
   EncodeSettings encode;
   std::vector<std::string> devices{"auto"};
+  bool verbose = false;
+  bool device_named = false;  // --device or --devices: the launcher's local rank does not pick one
+  LaunchRank launch;
   uint64_t rank = 0, world = 1;
 };
 
-uint64_t env_integer(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  if (auto n = latent::bounded_integer(v, 0, int64_t(1) << 32)) return uint64_t(*n);
-  std::fprintf(stderr, "latent-precompute: $%s=\"%s\" is not an integer\n", name, v);
-  std::exit(kExitUsage);
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  o.rank = env_integer("RANK", 0);
-  o.world = env_integer("WORLD_SIZE", 1);
+  try {
+    o.launch = launch_rank([](const char* name) { return std::getenv(name); });
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "latent-precompute: %s\n", e.what());
+    std::exit(kExitUsage);
+  }
+  o.rank = o.launch.rank;
+  o.world = o.launch.world;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -110,9 +116,11 @@ Options parse(int argc, char** argv) {
       usage(0);
     else if (k == "--model")
       o.encode.model = value();
-    else if (k == "--device")
+    else if (k == "--device") {
       o.devices = {value()};
-    else if (k == "--devices") {
+      o.device_named = true;
+    } else if (k == "--devices") {
+      o.device_named = true;
       o.devices.clear();
       std::stringstream list(value());
       for (std::string d; std::getline(list, d, ',');)
@@ -128,12 +136,18 @@ Options parse(int argc, char** argv) {
       o.encode.fps = number(1e-3, 1000);
     else if (k == "--max-frames")
       o.encode.max_frames = uint64_t(integer(1, int64_t(1) << 40));
-    else if (k == "--rank")
+    else if (k == "--rank") {
       o.rank = uint64_t(integer(0, int64_t(1) << 32));
-    else if (k == "--world-size")
+      o.launch.source = "--rank, --world-size";
+    } else if (k == "--world-size") {
       o.world = uint64_t(integer(1, int64_t(1) << 32));
-    else if (k == "--timeout")
+      o.launch.source = "--rank, --world-size";
+    } else if (k == "--timeout")
       o.encode.timeout_seconds = number(1, 1e7);
+    else if (k == "--no-seek")
+      o.encode.seek = false;
+    else if (k == "--verbose" || k == "-v")
+      o.verbose = true;
     else if (k.rfind("--", 0) == 0) {
       std::fprintf(stderr, "latent-precompute: unknown option %s\n", k.c_str());
       usage(kExitUsage);
@@ -331,6 +345,9 @@ int main(int argc, char** argv) {
   // A file over RLIMIT_FSIZE then fails its write() with EFBIG, which is reported, instead of killing the process.
   std::signal(SIGXFSZ, SIG_IGN);
   Options o = parse(argc, argv);
+  if (o.world > 1)
+    std::fprintf(stderr, "latent-precompute: rank %llu of %llu (%s)\n", (unsigned long long)o.rank,
+                 (unsigned long long)o.world, o.launch.source.c_str());
   {
     std::error_code ec;
     fs::create_directories(o.out, ec);
@@ -361,6 +378,16 @@ int main(int argc, char** argv) {
   }
   // One loaded copy of the model per device for the whole run: every clip's vaeencode asks for the same
   // (path, device, dtype) and shares it instead of loading it again.
+  // A launcher that starts one process per GPU (torchrun, srun) gives each its local rank: with the device left
+  // to the tool, each process takes its own GPU instead of all of them sharing the first.
+  if (!o.device_named && o.launch.local_rank && torch::cuda::is_available()) {
+    try {
+      o.devices = {"cuda:" + std::to_string(local_gpu(*o.launch.local_rank, int(torch::cuda::device_count())))};
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "latent-precompute: %s (%s)\n", e.what(), o.launch.source.c_str());
+      return kExitUsage;
+    }
+  }
   std::vector<std::shared_ptr<const latent::Vae>> keep;
   std::vector<std::string> devices;  // resolved: "auto" becomes the device it chose
   torch::ScalarType dtype = torch::kFloat;
@@ -447,6 +474,12 @@ int main(int argc, char** argv) {
       r = encode_clip(clip, s, o.out / name);
     } catch (const std::exception& e) {
       r.reason = std::string("the pipeline failed: ") + e.what();
+    }
+    if (o.verbose) {
+      std::lock_guard<std::mutex> lock(log_mu);
+      std::fprintf(stderr, "%slatent-precompute: row %llu (%s): %s%s%llu frames decoded before the clip's start\n",
+                   isatty(STDERR_FILENO) ? "\r\033[K" : "", (unsigned long long)clip.row, clip.source.c_str(),
+                   r.seek.c_str(), r.seek.empty() ? "" : "; ", (unsigned long long)r.frames_before);
     }
     if (!r.ok) {
       claims.release(name, false);

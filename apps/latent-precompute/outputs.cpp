@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "io/json.h"
+#include "io/numbers.h"
 
 namespace latent::precompute {
 namespace {
@@ -58,6 +59,92 @@ std::string clip_file_name(const ClipEntry& clip) {
 }
 
 bool owned_by(const ClipEntry& clip, uint64_t rank, uint64_t world) { return world <= 1 || clip.row % world == rank; }
+
+namespace {
+
+// A set variable's value as an integer in [0, 2^32]; nullopt when unset.
+std::optional<uint64_t> env_count(const std::function<const char*(const char*)>& env, const char* name) {
+  const char* v = env(name);
+  if (!v || !*v) return std::nullopt;
+  if (auto n = latent::bounded_integer(v, 0, int64_t(1) << 32)) return uint64_t(*n);
+  throw std::invalid_argument(std::string("$") + name + "=\"" + v + "\" is not a non-negative integer");
+}
+
+std::string assignment(const char* name, uint64_t v) { return std::string("$") + name + "=" + std::to_string(v); }
+
+// A rank and its world size, both or neither; the world size from a launcher is never 0. `lone_zero` takes a
+// rank 0 without a world size as a single process (Slurm sets SLURM_PROCID=0 in a batch script run without -n).
+void rank_pair(const std::function<const char*(const char*)>& env, const char* rank_name, const char* world_name,
+               LaunchRank& out, bool lone_zero = false) {
+  const std::optional<uint64_t> rank = env_count(env, rank_name);
+  std::optional<uint64_t> world = env_count(env, world_name);
+  if (lone_zero && rank == uint64_t(0) && !world) world = 1;
+  if (rank && !world) throw std::invalid_argument(assignment(rank_name, *rank) + " is set without $" + world_name);
+  if (world && !rank) throw std::invalid_argument(assignment(world_name, *world) + " is set without $" + rank_name);
+  if (*world == 0) throw std::invalid_argument(assignment(world_name, 0) + ": a world size is at least 1");
+  if (*rank >= *world)
+    throw std::invalid_argument(assignment(rank_name, *rank) + " is not below " + assignment(world_name, *world));
+  out.rank = *rank;
+  out.world = *world;
+}
+
+// A job array's task as (index, count), or nullopt outside an array. Ids run MIN, MIN+STEP, ..., MAX; a list
+// with gaps (--array=1,4,9) has no index that leaves no row out, so it is refused.
+std::optional<std::pair<uint64_t, uint64_t>> array_task(const std::function<const char*(const char*)>& env) {
+  const auto id = env_count(env, "SLURM_ARRAY_TASK_ID");
+  if (!id) return std::nullopt;
+  const auto lo = env_count(env, "SLURM_ARRAY_TASK_MIN"), hi = env_count(env, "SLURM_ARRAY_TASK_MAX"),
+             count = env_count(env, "SLURM_ARRAY_TASK_COUNT");
+  const uint64_t step = env_count(env, "SLURM_ARRAY_TASK_STEP").value_or(1);
+  if (!lo || !hi || !count)
+    throw std::invalid_argument(assignment("SLURM_ARRAY_TASK_ID", *id) +
+                                " is set without $SLURM_ARRAY_TASK_MIN, _MAX and _COUNT");
+  if (step == 0 || *hi < *lo || *id < *lo || *id > *hi || (*id - *lo) % step || (*hi - *lo) / step + 1 != *count ||
+      (*hi - *lo) % step)
+    throw std::invalid_argument(
+        "the job array's ids " + assignment("SLURM_ARRAY_TASK_ID", *id) + " " +
+        assignment("SLURM_ARRAY_TASK_MIN", *lo) + " " + assignment("SLURM_ARRAY_TASK_MAX", *hi) + " " +
+        assignment("SLURM_ARRAY_TASK_STEP", step) + " " + assignment("SLURM_ARRAY_TASK_COUNT", *count) +
+        " are not one evenly spaced range: give --rank and --world-size instead");
+  return std::pair{(*id - *lo) / step, *count};
+}
+
+}  // namespace
+
+LaunchRank launch_rank(const std::function<const char*(const char*)>& env) {
+  LaunchRank out;
+  auto set = [&](const char* name) { return env_count(env, name).has_value(); };
+  if (set("RANK") || set("WORLD_SIZE")) {
+    rank_pair(env, "RANK", "WORLD_SIZE", out);
+    out.local_rank = env_count(env, "LOCAL_RANK");
+    out.source = "$RANK/$WORLD_SIZE";
+    return out;
+  }
+  const auto array = array_task(env);
+  // A task of srun has SLURM_PROCID; a shell of salloc has SLURM_NTASKS alone, for the allocation, not for it.
+  if (set("SLURM_PROCID")) {
+    rank_pair(env, "SLURM_PROCID", "SLURM_NTASKS", out, true);
+    out.local_rank = env_count(env, "SLURM_LOCALID");
+    out.source = "$SLURM_PROCID/$SLURM_NTASKS";
+  }
+  if (array) {
+    if (out.world > (uint64_t(1) << 32) / array->second)
+      throw std::invalid_argument("a job array of " + std::to_string(array->second) + " jobs of " +
+                                  std::to_string(out.world) + " tasks is more than 2^32 ranks");
+    out.rank += array->first * out.world;
+    out.world *= array->second;
+    out.source += out.source.empty() ? "$SLURM_ARRAY_TASK_ID" : " and $SLURM_ARRAY_TASK_ID";
+  }
+  return out;
+}
+
+int local_gpu(uint64_t local_rank, int gpus) {
+  if (gpus > 0 && local_rank < uint64_t(gpus)) return int(local_rank);
+  if (gpus == 1) return 0;
+  throw std::invalid_argument("local rank " + std::to_string(local_rank) +
+                              " has no GPU of its own: this process sees " + std::to_string(gpus) +
+                              " GPUs; give --device");
+}
 
 std::filesystem::path rank_index(const std::filesystem::path& out_dir, uint64_t rank) {
   return out_dir / ("index-rank" + std::to_string(rank) + ".jsonl");

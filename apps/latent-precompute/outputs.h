@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -30,6 +32,30 @@ std::string clip_file_name(const ClipEntry& clip);
 // Rank `rank` of `world` takes the rows whose number modulo world is rank: every row exactly once, and each
 // rank's share known without reading the others'.
 bool owned_by(const ClipEntry& clip, uint64_t rank, uint64_t world);
+
+// Where this process stands among the processes of a run, read from the launcher's environment: torchrun's
+// RANK, WORLD_SIZE, LOCAL_RANK; else Slurm's SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (the tasks of one srun;
+// without SLURM_PROCID, as in an salloc shell, SLURM_NTASKS counts the allocation's tasks and is not read),
+// times the tasks of a job array (SLURM_ARRAY_TASK_ID over SLURM_ARRAY_TASK_MIN..MAX by SLURM_ARRAY_TASK_STEP,
+// SLURM_ARRAY_TASK_COUNT of them), so an array of N jobs of M tasks is N*M ranks. torchrun's win when both are
+// set: a torchrun inside a Slurm job sets its own ranks, and Slurm's describe the job, not the process. Nothing
+// set: rank 0 of 1. The split is static (owned_by), so no process group forms and MASTER_ADDR/PORT are not read.
+struct LaunchRank {
+  uint64_t rank = 0, world = 1;
+  std::optional<uint64_t> local_rank;  // the process's index on its machine, when the launcher says
+  std::string source;                  // the variables it came from, for messages; empty: none were set
+};
+
+// `env` looks a variable up: nullptr (or "") when it is unset. Throws std::invalid_argument naming the variable
+// and its value when one is not a non-negative integer, when a rank comes without its world size (or a world
+// size of 0), when a rank is not below its world size, or when a job array's ids are not one evenly spaced range.
+LaunchRank launch_rank(const std::function<const char*(const char*)>& env);
+
+// The GPU a process of local rank `local_rank` takes when the device is left to the tool and `gpus` are visible:
+// its own under torchrun (all of a machine's GPUs visible, one process per GPU), the only one when the launcher
+// gave each process one GPU (Slurm's --gpus-per-task=1 hides the others). Throws std::invalid_argument when the
+// local rank has no GPU of its own.
+int local_gpu(uint64_t local_rank, int gpus);
 
 // Each rank appends to files of its own: appends from several machines to one file of a shared filesystem (NFS)
 // are not atomic, one writer per file is.

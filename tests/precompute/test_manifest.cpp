@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -308,4 +309,141 @@ TEST(Outputs, AFullDiskIsAnError) {
     EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
+}
+
+namespace {
+
+// A launcher's environment, without touching the process's.
+LaunchRank launched(std::map<std::string, std::string> vars) {
+  return launch_rank([vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::vector<uint64_t> shard(const LaunchRank& l, uint64_t rows) {
+  std::vector<uint64_t> out;
+  for (uint64_t row = 0; row < rows; ++row) {
+    ClipEntry e;
+    e.row = row;
+    if (owned_by(e, l.rank, l.world)) out.push_back(row);
+  }
+  return out;
+}
+
+std::string launch_error(std::map<std::string, std::string> vars) {
+  try {
+    launched(std::move(vars));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Launch, SlurmTasksTakeTheShardsOfTheSameTorchrunRanks) {
+  for (uint64_t world : {1, 2, 5}) {
+    for (uint64_t rank = 0; rank < world; ++rank) {
+      const LaunchRank slurm = launched({{"SLURM_PROCID", std::to_string(rank)},
+                                         {"SLURM_NTASKS", std::to_string(world)},
+                                         {"SLURM_LOCALID", std::to_string(rank % 2)}});
+      const LaunchRank torchrun = launched({{"RANK", std::to_string(rank)},
+                                            {"WORLD_SIZE", std::to_string(world)},
+                                            {"LOCAL_RANK", std::to_string(rank % 2)}});
+      EXPECT_EQ(slurm.rank, torchrun.rank);
+      EXPECT_EQ(slurm.world, torchrun.world);
+      EXPECT_EQ(slurm.local_rank, torchrun.local_rank);
+      EXPECT_EQ(shard(slurm, 23), shard(torchrun, 23)) << rank << "/" << world;
+    }
+  }
+  const LaunchRank none = launched({});
+  EXPECT_EQ(none.rank, 0u);
+  EXPECT_EQ(none.world, 1u);
+  EXPECT_FALSE(none.local_rank);
+  // A batch script run without -n: task 0 and no task count.
+  EXPECT_EQ(launched({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}}).world, 1u);
+}
+
+TEST(Launch, TorchrunWinsOverTheSlurmJobAroundIt) {
+  const LaunchRank l = launched({{"RANK", "3"},
+                                 {"WORLD_SIZE", "8"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"SLURM_PROCID", "0"},
+                                 {"SLURM_NTASKS", "2"},
+                                 {"SLURM_LOCALID", "0"}});
+  EXPECT_EQ(l.rank, 3u);
+  EXPECT_EQ(l.world, 8u);
+  EXPECT_EQ(l.local_rank, 1u);
+  EXPECT_EQ(l.source, "$RANK/$WORLD_SIZE");
+}
+
+TEST(Launch, AJobArrayOfTasksCoversEveryRowOnce) {
+  // --array=4-12:4 (ids 4, 8, 12) of 2 tasks each: 6 ranks.
+  std::multiset<uint64_t> taken;
+  std::set<uint64_t> ranks;
+  for (uint64_t id : {4, 8, 12}) {
+    for (uint64_t task = 0; task < 2; ++task) {
+      const LaunchRank l = launched({{"SLURM_ARRAY_TASK_ID", std::to_string(id)},
+                                     {"SLURM_ARRAY_TASK_MIN", "4"},
+                                     {"SLURM_ARRAY_TASK_MAX", "12"},
+                                     {"SLURM_ARRAY_TASK_STEP", "4"},
+                                     {"SLURM_ARRAY_TASK_COUNT", "3"},
+                                     {"SLURM_PROCID", std::to_string(task)},
+                                     {"SLURM_NTASKS", "2"}});
+      EXPECT_EQ(l.world, 6u);
+      ranks.insert(l.rank);
+      for (uint64_t row : shard(l, 50)) taken.insert(row);
+    }
+  }
+  EXPECT_EQ(ranks.size(), 6u);
+  EXPECT_EQ(taken.size(), 50u);
+  for (uint64_t row = 0; row < 50; ++row) EXPECT_EQ(taken.count(row), 1u) << row;
+  // One task per array job, the usual case: the array index is the rank.
+  const LaunchRank one = launched({{"SLURM_ARRAY_TASK_ID", "7"},
+                                   {"SLURM_ARRAY_TASK_MIN", "0"},
+                                   {"SLURM_ARRAY_TASK_MAX", "9"},
+                                   {"SLURM_ARRAY_TASK_COUNT", "10"},
+                                   {"SLURM_PROCID", "0"},
+                                   {"SLURM_NTASKS", "1"}});
+  EXPECT_EQ(one.rank, 7u);
+  EXPECT_EQ(one.world, 10u);
+}
+
+TEST(Launch, MalformedValuesAreClearErrors) {
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos
+               ? ::testing::AssertionSuccess()
+               : ::testing::AssertionFailure() << "'" << text << "' lacks '" << part << "'";
+  };
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "x1"}, {"SLURM_NTASKS", "4"}}),
+                  "$SLURM_PROCID=\"x1\" is not a non-negative integer"));
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "-4"}}),
+                  "$SLURM_NTASKS=\"-4\" is not a non-negative integer"));
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4 "}}), "$SLURM_NTASKS=\"4 \""));
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}),
+                  "$SLURM_PROCID=4 is not below $SLURM_NTASKS=4"));
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}), "$SLURM_NTASKS=0"));
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "2"}}), "$SLURM_PROCID=2 is set without $SLURM_NTASKS"));
+  // An salloc shell: the allocation's task count, and this shell is no task of it.
+  EXPECT_EQ(launched({{"SLURM_NTASKS", "2"}}).world, 1u);
+  EXPECT_TRUE(has(launch_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "zero"}}),
+                  "$SLURM_LOCALID=\"zero\""));
+  EXPECT_TRUE(has(launch_error({{"SLURM_ARRAY_TASK_ID", "3"},
+                                {"SLURM_ARRAY_TASK_MIN", "1"},
+                                {"SLURM_ARRAY_TASK_MAX", "9"},
+                                {"SLURM_ARRAY_TASK_COUNT", "3"}}),
+                  "are not one evenly spaced range"));
+  EXPECT_TRUE(has(launch_error({{"SLURM_ARRAY_TASK_ID", "3"}}), "is set without $SLURM_ARRAY_TASK_MIN"));
+  // torchrun's own are checked the same way.
+  EXPECT_TRUE(has(launch_error({{"RANK", "1"}}), "$RANK=1 is set without $WORLD_SIZE"));
+  EXPECT_TRUE(has(launch_error({{"RANK", "one"}, {"WORLD_SIZE", "2"}}), "$RANK=\"one\""));
+}
+
+TEST(Launch, EachLocalRankTakesItsOwnGpu) {
+  EXPECT_EQ(local_gpu(0, 4), 0);
+  EXPECT_EQ(local_gpu(3, 4), 3);
+  EXPECT_EQ(local_gpu(3, 1), 0);  // the launcher gave the process one GPU of its own
+  EXPECT_THROW(local_gpu(4, 4), std::invalid_argument);
+  EXPECT_THROW(local_gpu(1, 0), std::invalid_argument);
 }
