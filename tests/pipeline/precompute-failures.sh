@@ -6,6 +6,8 @@
 # its row only; a failed clip removes no file it did not write.
 # usage: precompute-failures.sh LATENT_PRECOMPUTE
 set -euo pipefail
+# The rank comes from the launcher's environment: a test run inside a Slurm job or torchrun is still one process.
+unset RANK WORLD_SIZE LOCAL_RANK $(compgen -e | grep '^SLURM_' || true)
 tool=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'chmod -R u+w "$dir"; rm -rf "$dir"' EXIT

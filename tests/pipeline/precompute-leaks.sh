@@ -3,6 +3,8 @@
 # tracer finds nothing alive at exit, and resident memory stays flat over 120 cut clips.
 # usage: precompute-leaks.sh LATENT_PRECOMPUTE
 set -euo pipefail
+# The rank comes from the launcher's environment: a test run inside a Slurm job or torchrun is still one process.
+unset RANK WORLD_SIZE LOCAL_RANK $(compgen -e | grep '^SLURM_' || true)
 tool=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT

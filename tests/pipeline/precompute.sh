@@ -5,6 +5,8 @@
 # grow with the number of clips (LATENT_PRECOMPUTE_SCALE=1: 200 against 2,000 clips; otherwise 40 against 200).
 # usage: precompute.sh LATENT_PRECOMPUTE
 set -euo pipefail
+# The rank comes from the launcher's environment: a test run inside a Slurm job or torchrun is still one process.
+unset RANK WORLD_SIZE LOCAL_RANK $(compgen -e | grep '^SLURM_' || true)
 tool=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -143,6 +145,25 @@ assert len(ds) == 30 and len({e["latent_file"] for e in ds.entries}) == 30, len(
 fi
 "$tool" --width 64 --height 64 --devices cpu,cpu many.csv two >/dev/null 2>&1
 sort two/index-rank0.jsonl | diff - a.txt >/dev/null || fail "--devices cpu,cpu differs"
+
+echo "== Slurm's task variables take torchrun's shards; torchrun's win when both are set"
+SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 "$tool" --width 64 --height 64 many.csv slurm >slurm.log 2>&1 ||
+  fail "SLURM_PROCID=1: $(cat slurm.log)"
+grep -q 'rank 1 of 2 (\$SLURM_PROCID/\$SLURM_NTASKS)' slurm.log || fail "the rank's source: $(head -3 slurm.log)"
+diff <(sort slurm/index-rank1.jsonl) <(sort shards/index-rank1.jsonl) >/dev/null || fail "SLURM_PROCID=1 took another shard"
+RANK=0 WORLD_SIZE=2 SLURM_PROCID=1 SLURM_NTASKS=2 "$tool" --width 64 --height 64 many.csv slurm >slurm.log 2>&1 ||
+  fail "RANK=0 inside Slurm: $(cat slurm.log)"
+diff <(sort slurm/index-rank0.jsonl) <(sort shards/index-rank0.jsonl) >/dev/null || fail "RANK=0 did not win over Slurm's"
+for bad in "SLURM_PROCID=one SLURM_NTASKS=2" "SLURM_PROCID=2 SLURM_NTASKS=2" "SLURM_PROCID=1" \
+  "SLURM_PROCID=0 SLURM_NTASKS=0" "SLURM_ARRAY_TASK_ID=3 SLURM_ARRAY_TASK_MIN=1 SLURM_ARRAY_TASK_MAX=9 SLURM_ARRAY_TASK_COUNT=3"; do
+  set +e
+  env $bad "$tool" --width 64 --height 64 many.csv slurm-bad >bad.log 2>&1
+  rc=$?
+  set -e
+  [ $rc -eq 2 ] || fail "$bad: exit status $rc, 2 expected"
+  grep -q 'latent-precompute: .*\$SLURM_' bad.log || fail "$bad: $(cat bad.log)"
+  [ ! -e slurm-bad/index-rank0.jsonl ] || fail "$bad: it ran"
+done
 
 echo "== peak memory does not grow with the number of clips"
 small=40 large=200
