@@ -255,6 +255,12 @@ torch::Tensor load_initial_noise(const std::string& path, const latent::Denoiser
                                 expected.str() + (tc ? " ([1, T, C, h, w]" : " ([1, C, T, h, w]") +
                                 ", the layout of the pipeline's latents=)");
   }
+  // Named here, where the file and the tensor are known; the generator would refuse it too, without them.
+  const int64_t nan = torch::isnan(t).sum().item<int64_t>(), inf = torch::isinf(t).sum().item<int64_t>();
+  if (nan > 0 || inf > 0)
+    throw std::invalid_argument("initial-noise " + path + ": tensor \"" + names.front() + "\" holds " +
+                                std::to_string(nan) + " NaN and " + std::to_string(inf) +
+                                " infinite values; the starting latents must be finite");
   return tc ? t.permute({0, 2, 1, 3, 4}).contiguous() : t;
 }
 

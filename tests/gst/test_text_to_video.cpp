@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -270,12 +271,18 @@ GST_START_TEST(test_bad_text_input_is_named) {
   fs::create_directories(broken);
   for (const char* part : {"model_index.json", "text_encoder", "transformer", "scheduler", "vae"})
     fs::create_symlink(fs::path(wan()) / part, broken / part);
-  // Noise of the wrong shape, and a file of two tensors.
+  // Noise of the wrong shape, a file of two tensors, and noise with a NaN.
   const std::string wrong = (dir / "wrong.safetensors").string(), two = (dir / "two.safetensors").string();
+  const std::string nan = (dir / "nan.safetensors").string();
   {
     latent::SafetensorsWriter w(wrong);
     w.write("latents", torch::zeros({1, 16, 4, 8, 12}));
     w.commit();
+    torch::Tensor with_nan = torch::zeros({1, 16, 5, 8, 12});
+    with_nan[0][3][2][1][0] = std::nan("");
+    latent::SafetensorsWriter n(nan);
+    n.write("latents", with_nan);
+    n.commit();
     latent::SafetensorsWriter t(two);
     t.write("a", torch::zeros({1, 16, 5, 8, 12}));
     t.write("b", torch::zeros({1, 16, 5, 8, 12}));
@@ -293,6 +300,7 @@ GST_START_TEST(test_bad_text_input_is_named) {
        "negative-prompt needs prompt"},
       {wan_gen("prompt=fox initial-noise=" + wrong), "these settings need [1, 16, 5, 8, 12]"},
       {wan_gen("prompt=fox initial-noise=" + two), "holds 2 tensors"},
+      {wan_gen("prompt=fox initial-noise=" + nan), nan + ": tensor \"latents\" holds 1 NaN"},
       {wan_gen("prompt=fox initial-noise=/nonexistent.safetensors"), "nonexistent.safetensors"},
       {"videogen model=" + wan() + " prompt=fox schedule=fifo num-frames=9 initial-noise=" + wan_noise() + " ! ",
        "initial-noise needs schedule=clip"},
