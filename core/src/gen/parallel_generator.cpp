@@ -243,22 +243,31 @@ ParallelGenerator::~ParallelGenerator() = default;
 void ParallelGenerator::regroup() {
   std::vector<torch::Device> devices;
   for (const auto& d : denoisers_) devices.push_back(d->device());
-  parallel::ThreadGroup world(devices, group_);
+  // The generator never exchanges halos: its groups form collectives alone.
+  parallel::GroupOptions options = group_;
+  options.halo_exchange = false;
+  parallel::ThreadGroup world(devices, options);
   // Communicators cannot be split: each call group's sequence group is a group of its own.
   std::vector<std::unique_ptr<parallel::ThreadGroup>> sequence;
   const int u = plan_.ulysses;
   if (u > 1)
     for (int g = 0; g < plan_.call_groups(); ++g)
       sequence.push_back(std::make_unique<parallel::ThreadGroup>(
-          std::vector<torch::Device>(devices.begin() + g * u, devices.begin() + (g + 1) * u), group_));
-  // Every rank joins on its own thread: NCCL's rendezvous needs them all at once.
+          std::vector<torch::Device>(devices.begin() + g * u, devices.begin() + (g + 1) * u), options));
+  // Every rank joins on its own thread: NCCL's rendezvous needs them all at once. A rank that fails on the way
+  // aborts every group, or the others would wait in theirs for it until the timeout.
   threads_->run(
       [&](int r) {
         std::shared_ptr<parallel::Communicator> seq;
         if (u > 1) seq = sequence[size_t(r / u)]->join(r % u).collectives;
         executors_[size_t(r)]->join(world.join(r).collectives, std::move(seq));
       },
-      [](int, std::exception_ptr) {});
+      [&](int r, std::exception_ptr e) {
+        const std::string why = "rank " + std::to_string(r) + " (" + devices[size_t(r)].str() +
+                                ") failed while the group formed: " + what_of(e);
+        world.abort(why);
+        for (auto& s : sequence) s->abort(why);
+      });
   broken_ = false;
   regroup_ = false;
   failed_rank_.clear();

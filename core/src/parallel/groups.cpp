@@ -28,31 +28,32 @@ bool use_nccl(Backend backend, const torch::Device& device) {
   return device.is_cuda();
 }
 
+bool& store_formation_waits() {
+  static bool waits = false;
+  return waits;
+}
+
+// `enlist` sees each communicator before it forms, so that an abort from another thread reaches it while it waits.
 RankComms make_comms(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, const torch::Device& device,
-                     const GroupOptions& options, bool nccl) {
-  if (nccl) {
-    return {make_nccl_communicator(store, "halo", rank, world, device, options.timeout),
-            make_nccl_communicator(store, "collectives", rank, world, device, options.timeout)};
-  }
-  return {std::make_shared<StoreCommunicator>(store, "halo", rank, world, options.timeout),
-          std::make_shared<StoreCommunicator>(store, "collectives", rank, world, options.timeout)};
+                     const GroupOptions& options, bool nccl, const Enlist& enlist = {}) {
+  auto make = [&](const std::string& name) -> std::shared_ptr<Communicator> {
+    if (nccl) return make_nccl_communicator(store, name, rank, world, device, options.timeout, enlist);
+    auto c = std::make_shared<StoreCommunicator>(store, name, rank, world, options.timeout);
+    if (enlist) enlist(c);
+    if (store_formation_waits())
+      wait_for_all(*store, "latent/" + name + "/formed", rank, world, options.timeout,
+                   "formed the " + name + " communicator");
+    return c;
+  };
+  RankComms comms;
+  if (options.halo_exchange) comms.halo = make("halo");
+  comms.collectives = make("collectives");
+  return comms;
 }
 
 // Every rank counts itself in, then waits for the count to reach the world size.
 void rendezvous(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  store.add("latent/joined", 1);
-  for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
-    throw_if_aborted(store, rank);
-    const int64_t joined = store.add("latent/joined", 0);
-    if (joined >= world) return;
-    if (Clock::now() >= deadline) {
-      throw ParallelError(ParallelError::Kind::timeout, "rank " + std::to_string(rank) + ": only " +
-                                                            std::to_string(joined) + " of " + std::to_string(world) +
-                                                            " ranks joined within " + seconds_text(timeout));
-    }
-    std::this_thread::sleep_for(pause);
-  }
+  wait_for_all(store, "latent/joined", rank, world, timeout, "joined");
 }
 
 // Rank 0 serves the store: leaving before the others are done with it would cut them off mid-call. So every
@@ -81,7 +82,8 @@ struct Departure {
 
 // The communicators keep `departure` alive: it runs when this rank's last one goes.
 RankComms with_departure(RankComms comms, std::shared_ptr<Departure> departure) {
-  auto hold = [&](std::shared_ptr<Communicator> c) {
+  auto hold = [&](std::shared_ptr<Communicator> c) -> std::shared_ptr<Communicator> {
+    if (!c) return nullptr;
     Communicator* raw = c.get();
     return std::shared_ptr<Communicator>(raw, [c, departure](Communicator*) mutable {
       c.reset();
@@ -150,8 +152,15 @@ int env_int(const char* name, int lo, int hi) {
 }  // namespace
 
 void LocalGroup::enlist(const std::shared_ptr<Communicator>& c) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  members_.push_back(c);
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    members_.push_back(c);
+    if (!aborted_.load(std::memory_order_relaxed)) return;
+    why = why_;
+  }
+  // Made after the abort: it would otherwise wait for ranks that have given up.
+  c->abort(why);
 }
 
 void LocalGroup::abort(const std::string& why) noexcept {
@@ -213,12 +222,42 @@ ThreadGroup::~ThreadGroup() = default;
 
 RankComms ThreadGroup::join(int rank) {
   if (rank < 0 || rank >= size()) throw std::out_of_range("rank " + std::to_string(rank) + " outside the group");
-  RankComms comms = make_comms(impl_->store, rank, size(), devices_[size_t(rank)], options_, impl_->nccl);
-  if (const auto& hook = communicator_hook()) {
-    comms.halo = hook(comms.halo, "halo");
-    comms.collectives = hook(comms.collectives, "collectives");
+  const torch::Device& device = devices_[size_t(rank)];
+  try {
+    if (impl_->local->aborted()) impl_->local->rethrow();
+    const std::shared_ptr<LocalGroup> local = impl_->local;
+    RankComms comms = make_comms(impl_->store, rank, size(), device, options_, impl_->nccl,
+                                 [local](const std::shared_ptr<Communicator>& c) { local->enlist(c); });
+    if (const auto& hook = communicator_hook()) {
+      if (comms.halo) comms.halo = hook(comms.halo, "halo");
+      comms.collectives = hook(comms.collectives, "collectives");
+    }
+    RankComms out;
+    if (comms.halo) out.halo = local_member(comms.halo, impl_->local);
+    out.collectives = local_member(comms.collectives, impl_->local);
+    return out;
+  } catch (const ParallelError& e) {
+    // A report of another rank's failure: that rank has told the group already.
+    if (e.kind() != ParallelError::Kind::peer_failed)
+      abort("rank " + std::to_string(rank) + " (" + device.str() + ") failed to join: " + e.what());
+    throw;
+  } catch (const std::exception& e) {
+    abort("rank " + std::to_string(rank) + " (" + device.str() + ") failed to join: " + e.what());
+    throw;
   }
-  return {local_member(comms.halo, impl_->local), local_member(comms.collectives, impl_->local)};
+}
+
+void ThreadGroup::abort(const std::string& why) noexcept {
+  std::string first = why.empty() ? "a rank aborted the group" : why;
+  try {
+    // The store's key is what a rank waiting to form looks at; the first abort's cause stays there.
+    const std::vector<uint8_t> stored =
+        impl_->store->compareSet(kAbortKey, std::vector<uint8_t>{}, std::vector<uint8_t>(first.begin(), first.end()));
+    if (!stored.empty()) first.assign(stored.begin(), stored.end());
+  } catch (...) {
+    // An in-memory store does not fail; the local abort below reaches the formed ranks regardless.
+  }
+  impl_->local->abort(first);
 }
 
 RankComms join_tcp(const std::string& host, int port, int rank, int world, const torch::Device& device,
@@ -247,6 +286,8 @@ RankComms join_tcp(const std::string& host, int port, int rank, int world, const
 }
 
 void testing::set_communicator_hook(CommunicatorHook hook) { communicator_hook() = std::move(hook); }
+
+void testing::set_store_formation_waits(bool on) { store_formation_waits() = on; }
 
 bool LaunchEnv::present() {
   const char* w = std::getenv("WORLD_SIZE");

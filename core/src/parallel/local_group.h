@@ -17,7 +17,8 @@ namespace latent::parallel {
 
 class LocalGroup {
  public:
-  // Enlists one rank's communicator: abort() reaches it. The group does not keep it alive.
+  // Enlists one rank's communicator: abort() reaches it (at once, where the group is aborted already). The group
+  // does not keep it alive.
   void enlist(const std::shared_ptr<Communicator>& c);
   // The first call wins: its `why` is what every rank reports. Aborts every enlisted communicator that lives.
   void abort(const std::string& why) noexcept;
@@ -47,5 +48,10 @@ namespace latent::parallel::testing {
 using CommunicatorHook =
     std::function<std::shared_ptr<Communicator>(std::shared_ptr<Communicator> made, const std::string& name)>;
 void set_communicator_hook(CommunicatorHook hook);  // an empty hook removes it
+
+// Makes the store backend form its communicators as NCCL does: each waits in join() until every rank of the group
+// has joined, so a test can show what a rank that fails while the others form does to them. Off by default, where
+// join() returns at once and one thread may join every rank in turn.
+void set_store_formation_waits(bool on);
 
 }  // namespace latent::parallel::testing

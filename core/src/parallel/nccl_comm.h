@@ -4,15 +4,22 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <functional>
+
 #include "latent/parallel/comm.h"
 
 namespace latent::parallel {
 
+// Called with a communicator before it forms.
+using Enlist = std::function<void(const std::shared_ptr<Communicator>&)>;
+
 // Throws ParallelError(backend) in builds without CUDA. Returns once the NCCL communicator is formed, which needs
-// every rank of the group to call this at the same time.
+// every rank of the group to call this at the same time. The wait is bounded: it throws ParallelError where a rank
+// has not come within `timeout` (timeout) or the group is aborted meanwhile (peer_failed), through the store's
+// abort key or the communicator's abort(), which `enlist` lets the caller reach from another thread.
 std::shared_ptr<Communicator> make_nccl_communicator(c10::intrusive_ptr<c10d::Store> store, const std::string& name,
                                                      int rank, int size, const torch::Device& device,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout, const Enlist& enlist = {});
 
 // The value TORCH_NCCL_ASYNC_ERROR_HANDLING must take so that c10d never ends the process, given its value now
 // (null: unset); null where the value now already does that.

@@ -41,6 +41,23 @@ void throw_if_aborted(c10d::Store& store, int rank) {
   throw ParallelError(ParallelError::Kind::peer_failed, std::string(why.begin(), why.end()));
 }
 
+void wait_for_all(c10d::Store& store, const std::string& counter, int rank, int size, std::chrono::milliseconds timeout,
+                  const std::string& what) {
+  const auto deadline = Clock::now() + timeout;
+  store.add(counter, 1);
+  for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(20000))) {
+    throw_if_aborted(store, rank);
+    const int64_t arrived = store.add(counter, 0);
+    if (arrived >= size) return;
+    if (Clock::now() >= deadline) {
+      throw ParallelError(ParallelError::Kind::timeout, "rank " + std::to_string(rank) + ": only " +
+                                                            std::to_string(arrived) + " of " + std::to_string(size) +
+                                                            " ranks " + what + " within " + seconds_text(timeout));
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
 StoreCommunicator::StoreCommunicator(c10::intrusive_ptr<c10d::Store> store, std::string name, int rank, int size,
                                      std::chrono::milliseconds timeout)
     : store_(std::move(store)), name_(std::move(name)), rank_(rank), size_(size), timeout_(timeout) {}
@@ -87,8 +104,14 @@ void StoreCommunicator::take(const std::string& k, torch::Tensor& into, int from
   into.copy_(cpu);
 }
 
-void StoreCommunicator::drop_previous(uint64_t seq) {
-  if (seq > 0) store_->deleteKey(key(seq - 1, std::to_string(rank_)));
+void StoreCommunicator::done_reading(uint64_t seq) {
+  // Each rank counts itself out once it has read every other rank's key; whoever comes last deletes them all. A
+  // rank cannot delete its own key at its next call instead: that call may be an all_to_all, which deletes only
+  // its own point-to-point keys, and the key would stay in the store for good.
+  const std::string readers = key(seq, "read");
+  if (store_->add(readers, 1) < size_) return;
+  for (int r = 0; r < size_; ++r) store_->deleteKey(key(seq, std::to_string(r)));
+  store_->deleteKey(readers);
 }
 
 void StoreCommunicator::all_reduce_sum(torch::Tensor& t) {
@@ -105,7 +128,7 @@ void StoreCommunicator::all_reduce_sum(torch::Tensor& t) {
     sum = r == 0 ? part.clone() : sum.add_(part);
   }
   t.copy_(sum);
-  drop_previous(seq);
+  done_reading(seq);
 }
 
 std::vector<torch::Tensor> StoreCommunicator::all_gather(const torch::Tensor& t) {
@@ -121,7 +144,7 @@ std::vector<torch::Tensor> StoreCommunicator::all_gather(const torch::Tensor& t)
     take(key(seq, std::to_string(r)), part, r, "all_gather");
     out.push_back(part);
   }
-  drop_previous(seq);
+  done_reading(seq);
   return out;
 }
 

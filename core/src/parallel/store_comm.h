@@ -29,8 +29,8 @@ class StoreCommunicator : public Communicator {
   // Waits for `key`, then copies its bytes into `into` (whose shape and dtype say what to expect).
   void take(const std::string& key, torch::Tensor& into, int from, const char* op);
   void wait_for(const std::string& key, int from, const char* op);
-  // After a collective every rank has read the previous one's keys: this rank's can go.
-  void drop_previous(uint64_t seq);
+  // Ends a collective whose keys every rank reads: the last rank to finish reading deletes them.
+  void done_reading(uint64_t seq);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string name_;
@@ -47,5 +47,11 @@ std::string seconds_text(std::chrono::milliseconds ms);
 
 // Throws ParallelError(peer_failed) when some rank has aborted the group on `store`.
 void throw_if_aborted(c10d::Store& store, int rank);
+
+// Counts this rank in under `counter`, then waits until `size` ranks have, as NCCL's communicator init waits for
+// every rank; unlike that, the wait ends with ParallelError where a rank aborts the group on `store` (peer_failed)
+// or `timeout` passes (timeout: "rank r: only j of n ranks <what> within T").
+void wait_for_all(c10d::Store& store, const std::string& counter, int rank, int size, std::chrono::milliseconds timeout,
+                  const std::string& what);
 
 }  // namespace latent::parallel

@@ -68,9 +68,13 @@ void ShardedRanks::rebuild() {
   for (const auto& m : models_) devices.push_back(m->device());
   parallel::ThreadGroup group(devices, options_);
   std::vector<std::shared_ptr<const parallel::RowShard>> shards(models_.size());
-  // Every rank joins on its own thread: NCCL's rendezvous needs them all at once.
+  // Every rank joins on its own thread: NCCL's rendezvous needs them all at once. A rank that fails on the way
+  // aborts the group, or the others would wait in it for that rank until the timeout.
   threads_->run([&](int r) { shards[size_t(r)] = std::make_shared<parallel::RowShard>(group.join(r)); },
-                [](int, std::exception_ptr) {});
+                [&](int r, std::exception_ptr e) {
+                  group.abort("rank " + std::to_string(r) + " (" + devices[size_t(r)].str() +
+                              ") failed while the group formed: " + what_of(e));
+                });
   shards_ = std::move(shards);
   broken_ = false;
 }

@@ -41,6 +41,9 @@ struct GroupOptions {
   // How long a rank waits for another before the group fails with ParallelError::Kind::timeout.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   Backend backend = Backend::automatic;
+  // Whether to form the halo communicator. Users that never exchange halos (the generator) leave it out: forming
+  // it costs every rank an NCCL communicator (or store keys) for nothing.
+  bool halo_exchange = true;
 };
 
 class Communicator {
@@ -66,20 +69,26 @@ class Communicator {
   virtual void abort(const std::string& why) noexcept = 0;
 };
 
-// A rank's two communicators.
+// A rank's two communicators; `halo` is null in groups formed without halo exchange.
 struct RankComms {
   std::shared_ptr<Communicator> halo;
   std::shared_ptr<Communicator> collectives;
 };
 
 // Ranks as threads of this process, rank i on devices[i]. join() is called once per rank, from any thread; with
-// NCCL every rank must join before any of them communicates.
+// NCCL it returns once every rank has joined (NCCL forms a communicator with all its ranks at once), and throws
+// ParallelError where a rank does not join within the timeout or the group is aborted meanwhile. A rank whose join
+// fails aborts the group itself.
 class ThreadGroup {
  public:
   ThreadGroup(std::vector<torch::Device> devices, GroupOptions options = {});
   ~ThreadGroup();
   int size() const { return int(devices_.size()); }
   RankComms join(int rank);
+  // Tells every rank, joined or still joining, that a rank failed: their waits in join() and their calls from then
+  // on throw ParallelError(peer_failed) with `why` (the first abort's). For a rank that fails before or while it
+  // joins, which would leave the others waiting for it until the timeout.
+  void abort(const std::string& why) noexcept;
 
  private:
   struct Impl;
