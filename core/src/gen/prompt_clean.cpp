@@ -61,43 +61,50 @@ struct Charmap {
 };
 #include "gen/ftfy_tables.inc"
 
+// The code point at s[i], i moved past it; throws ModelError where s is not UTF-8 there.
+uint32_t next_utf8(std::string_view s, size_t& i) {
+  auto bad = [] { throw ModelError("prompt is not valid UTF-8"); };
+  auto c = static_cast<unsigned char>(s[i]);
+  uint32_t cp = 0;
+  int extra = 0;
+  if (c < 0x80) {
+    ++i;
+    return c;
+  } else if ((c & 0xE0) == 0xC0) {
+    cp = c & 0x1F;
+    extra = 1;
+  } else if ((c & 0xF0) == 0xE0) {
+    cp = c & 0x0F;
+    extra = 2;
+  } else if ((c & 0xF8) == 0xF0) {
+    cp = c & 0x07;
+    extra = 3;
+  } else {
+    bad();
+  }
+  if (i + extra >= s.size()) bad();
+  for (int k = 1; k <= extra; ++k) {
+    auto cc = static_cast<unsigned char>(s[i + k]);
+    if ((cc & 0xC0) != 0x80) bad();
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 (Python refuses them too).
+  static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) bad();
+  i += extra + 1;
+  return cp;
+}
+
 std::u32string decode_utf8(const std::string& s) {
   std::u32string out;
   out.reserve(s.size());
-  size_t i = 0;
-  auto bad = [] { throw ModelError("prompt is not valid UTF-8"); };
-  while (i < s.size()) {
-    auto c = static_cast<unsigned char>(s[i]);
-    uint32_t cp = 0;
-    int extra = 0;
-    if (c < 0x80) {
-      cp = c;
-      extra = 0;
-    } else if ((c & 0xE0) == 0xC0) {
-      cp = c & 0x1F;
-      extra = 1;
-    } else if ((c & 0xF0) == 0xE0) {
-      cp = c & 0x0F;
-      extra = 2;
-    } else if ((c & 0xF8) == 0xF0) {
-      cp = c & 0x07;
-      extra = 3;
-    } else {
-      bad();
-    }
-    if (i + extra >= s.size()) bad();
-    for (int k = 1; k <= extra; ++k) {
-      auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) bad();
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 (Python refuses them too).
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) bad();
-    out.push_back(cp);
-    i += extra + 1;
-  }
+  for (size_t i = 0; i < s.size();) out.push_back(next_utf8(s, i));
   return out;
+}
+
+// decode_utf8's checks without its copy: a long text is checked whole though only its start is read.
+void decode_utf8_check(const std::string& s) {
+  for (size_t i = 0; i < s.size();) next_utf8(s, i);
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
@@ -266,12 +273,17 @@ constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0
 constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 
 uint8_t combining_class(char32_t c) {
+  if (c < 0x300) return 0;  // the first combining mark
   auto it = std::lower_bound(std::begin(kCombiningClasses), std::end(kCombiningClasses), c,
                              [](const CombiningClass& e, char32_t v) { return e.cp < v; });
   return it != std::end(kCombiningClasses) && it->cp == c ? it->ccc : 0;
 }
 
 void decompose(char32_t c, std::u32string& out) {
+  if (c < 0xC0) {  // the first character with a decomposition is U+00C0
+    out.push_back(c);
+    return;
+  }
   if (c >= kSBase && c < kSBase + kSCount) {
     const char32_t s = c - kSBase;
     out.push_back(kLBase + s / kNCount);
@@ -509,14 +521,16 @@ bool bad_match(const BadElement* e, const BadElement* end, const std::u32string_
   return here || ((e->flags & 1) && bad_match(e + 1, end, s, pos));
 }
 
-// Which ASCII characters can start a match of some pattern: the others are skipped at once.
-std::array<bool, 128> bad_ascii_starts() {
-  std::array<bool, 128> out{};
-  for (const auto& alt : kBadAlternatives) {
+// For each pattern, which ASCII characters can start a match: the others are not tried there.
+using AsciiSet = std::array<bool, 128>;
+std::array<AsciiSet, std::size(kBadAlternatives)> bad_ascii_starts() {
+  std::array<AsciiSet, std::size(kBadAlternatives)> out{};
+  for (size_t a = 0; a < std::size(kBadAlternatives); ++a) {
+    const BadAlternative& alt = kBadAlternatives[a];
     for (uint8_t k = 0; k < alt.elements; ++k) {
       const BadElement& e = kBadElements[alt.first_element + k];
       if (!(e.flags & 2))
-        for (char32_t c = 0; c < 128; ++c) out[c] = out[c] || bad_element_matches(e, c);
+        for (char32_t c = 0; c < 128; ++c) out[a][c] = out[a][c] || bad_element_matches(e, c);
       if (!(e.flags & 3)) break;  // a required element: later ones cannot start the match
     }
   }
@@ -525,12 +539,12 @@ std::array<bool, 128> bad_ascii_starts() {
 
 // ftfy's is_bad: does any of BADNESS_RE's patterns of unlikely character sequences occur?
 bool is_bad(std::u32string_view s) {
-  static const std::array<bool, 128> ascii_starts = bad_ascii_starts();
+  static const auto ascii_starts = bad_ascii_starts();
   for (size_t pos = 0; pos < s.size(); ++pos) {
-    if (s[pos] < 0x80 && !ascii_starts[s[pos]]) continue;
-    for (const auto& alt : kBadAlternatives) {
-      const BadElement* first = kBadElements + alt.first_element;
-      if (bad_match(first, first + alt.elements, s, pos)) return true;
+    for (size_t a = 0; a < std::size(kBadAlternatives); ++a) {
+      if (s[pos] < 0x80 && !ascii_starts[a][s[pos]]) continue;
+      const BadElement* first = kBadElements + kBadAlternatives[a].first_element;
+      if (bad_match(first, first + kBadAlternatives[a].elements, s, pos)) return true;
     }
   }
   return false;
@@ -816,13 +830,42 @@ std::u32string collapse_whitespace(const std::u32string& s) {
   return out;
 }
 
+// Where the ftfy segment that starts at byte `pos` ends, in bytes (segment_end on UTF-8).
+size_t segment_end_bytes(const std::string& s, size_t pos) {
+  size_t count = 0;
+  for (size_t i = pos; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && count++ == kFtfySegment) return i;
+    if (s[i] == '\n') return i + 1;
+  }
+  return s.size();
+}
+
+std::string clean_fixed(const std::string& fixed) {
+  return encode_utf8(collapse_whitespace(decode_utf8(python_html_unescape(python_html_unescape(fixed)))));
+}
+
 }  // namespace
 
 std::string ftfy_fix_text(const std::string& text) { return encode_utf8(fix_text(decode_utf8(text))); }
 
-std::string wan_prompt_clean(const std::string& text) {
-  const std::string fixed = ftfy_fix_text(text);
-  return encode_utf8(collapse_whitespace(decode_utf8(python_html_unescape(python_html_unescape(fixed)))));
+TokenizerInputPrefix wan_prompt_clean_prefix(const std::string& text, size_t max_bytes) {
+  if (max_bytes >= text.size()) return {wan_prompt_clean(text), true};
+  decode_utf8_check(text);
+  size_t end = 0;
+  while (end < text.size()) {
+    const size_t next = segment_end_bytes(text, end);
+    if (next > max_bytes) break;
+    end = next;
+  }
+  // Whole segments: ftfy fixes each on its own, and a '<' only changes those after it.
+  std::u32string fixed = fix_text(decode_utf8(text.substr(0, end)));
+  // html.unescape's references hold none of " \t\n\f", so the text up to one unescapes as the start of the whole.
+  const size_t cut = fixed.find_last_of(U" \t\n\f");
+  if (cut == std::u32string::npos) return {{}, false};
+  fixed.resize(cut + 1);
+  return {clean_fixed(encode_utf8(fixed)), false};
 }
+
+std::string wan_prompt_clean(const std::string& text) { return clean_fixed(ftfy_fix_text(text)); }
 
 }  // namespace latent

@@ -5,10 +5,18 @@
 #pragma once
 #include <string>
 
+#include "gen/t5_tokenizer.h"
+
 namespace latent {
 
 // Throws ModelError for text that is not valid UTF-8.
 std::string wan_prompt_clean(const std::string& text);
+
+// wan_prompt_clean(text) read from no more than its first max_bytes bytes, as a PrefixReader: the cleaning of the
+// whole lines (ftfy's segments: lines, and every million code points of a longer one) within them, up to the last
+// space, tab or line break after ftfy (which no html reference spans), so the result is exactly the start of the
+// whole text's cleaning, followed there by a space. The whole text is still checked to be UTF-8.
+TokenizerInputPrefix wan_prompt_clean_prefix(const std::string& text, size_t max_bytes);
 
 // Python's html.unescape(): exposed for tests.
 std::string python_html_unescape(const std::string& text);

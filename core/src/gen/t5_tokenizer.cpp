@@ -23,6 +23,39 @@ std::vector<int64_t> T5Tokenizer::encode_for_model(const std::string& text, int6
   return ids;
 }
 
+TokenizerInputPrefix raw_input_prefix(const std::string& text, size_t max_bytes) {
+  if (max_bytes >= text.size()) return {text, true};
+  for (size_t q = max_bytes; q > 1; --q)
+    if (text[q] == ' ' && text[q - 1] > ' ' && text[q - 1] < 0x7F) return {text.substr(0, q), false};
+  return {{}, false};
+}
+
+std::vector<int64_t> T5Tokenizer::encode_for_model(const std::string& text, int64_t max_length,
+                                                   const PrefixReader& read, size_t first_window) const {
+  if (max_length < 1) throw ModelError("tokenizer: max_length must be at least 1");
+  const auto keep = static_cast<size_t>(max_length - 1);
+  const size_t first = splits_at_spaces_ ? std::max<size_t>(first_window, 1) : SIZE_MAX;
+  auto grow = [](size_t n) { return n > SIZE_MAX / 4 ? SIZE_MAX : n * 4; };
+  std::vector<int64_t> ids;
+  for (size_t window = first;; window = grow(window)) {
+    const TokenizerInputPrefix prefix = read(text, window);
+    // Any start of the prefix that is itself cut before a space is as good: tokenise no more than needed.
+    bool enough = false;
+    for (size_t part = first;; part = grow(part)) {
+      const TokenizerInputPrefix sub = raw_input_prefix(prefix.text, part);
+      if (sub.whole || !sub.text.empty()) {
+        ids = encode(sub.text);
+        enough = ids.size() >= keep;
+      }
+      if (enough || sub.whole) break;
+    }
+    if (enough || prefix.whole) break;
+  }
+  if (ids.size() > keep) ids.resize(keep);
+  ids.push_back(eos_id_);
+  return ids;
+}
+
 #ifndef LATENT_HAVE_SENTENCEPIECE
 
 bool T5Tokenizer::available() { return false; }
@@ -96,8 +129,15 @@ class SentencePieceT5Tokenizer final : public T5Tokenizer {
     if (eos_id_ < 0) throw ModelError(model.string() + ": the sentencepiece model has no end-of-sequence piece");
     pad_id_ = sp_.pad_id() >= 0 ? sp_.pad_id() : 0;
     vocab_size_ = sp_.GetPieceSize();
+    splits_at_spaces_ = true;
+    static const std::string kBoundary = "\xe2\x96\x81";  // sentencepiece's word boundary, U+2581
+    for (int i = 0; i < sp_.GetPieceSize(); ++i)
+      if (sp_.IdToPiece(i).find(kBoundary, 1) != std::string::npos) splits_at_spaces_ = false;
     for (auto& t : read_added_tokens(dir)) {
       if (t.content.empty()) continue;
+      if (std::any_of(t.content.begin(), t.content.end(), ascii_space) ||
+          t.content.find("\xc2\xa0") != std::string::npos || t.content.find("\xe3\x80\x80") != std::string::npos)
+        splits_at_spaces_ = false;
       vocab_size_ = std::max(vocab_size_, t.id + 1);
       by_first_byte_[static_cast<unsigned char>(t.content[0])].push_back(std::move(t));
     }

@@ -93,9 +93,10 @@ class PipelineTextEncoder final : public TextEncoder {
                        " tokens, the text encoder's vocab_size is " + std::to_string(encoder_->config().vocab_size));
   }
 
+  // Reads no more of a long prompt than the max_length - 1 ids kept depend on (T5Tokenizer::encode_for_model).
   std::vector<int64_t> tokenize(const std::string& prompt) const override {
-    if (family_ == Family::CogVideoX) return tokenizer_->encode_for_model(prompt, max_length_);
-    return tokenizer_->encode_for_model(wan_prompt_clean(prompt), max_length_);
+    if (family_ == Family::CogVideoX) return tokenizer_->encode_for_model(prompt, max_length_, raw_input_prefix);
+    return tokenizer_->encode_for_model(prompt, max_length_, wan_prompt_clean_prefix);
   }
 
   torch::Tensor encode(const std::string& prompt) override {
