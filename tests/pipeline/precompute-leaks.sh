@@ -28,6 +28,17 @@ if grep -E 'object-alive, type-name=\(string\)[A-Za-z]' leaks.log; then
 fi
 [ "$(wc -l <leaks/index-rank0.jsonl)" -eq 3 ] || fail "index: $(cat leaks/index-rank0.jsonl)"
 
+echo "== the leaks tracer over clips that seek"
+gst-launch-1.0 -q videotestsrc num-buffers=72 ! video/x-raw,width=64,height=64,framerate=24/1 ! jpegenc ! avimux ! \
+  filesink location=long.avi
+printf 'path,caption,start,end,fps\nlong.avi,late,2.0,2.3,\nlong.avi,late resampled,2.1,,10\n' >late.csv
+GST_TRACERS=leaks GST_DEBUG='GST_TRACER:7' "$tool" --verbose --device cpu --width 64 --height 64 late.csv \
+  seek-leaks >leaks.log 2>&1 || { cat leaks.log; fail "the run failed"; }
+[ "$(grep -c 'seek to .*, landed at' leaks.log)" -eq 2 ] || { cat leaks.log; fail "the clips did not seek"; }
+if grep -E 'object-alive, type-name=\(string\)[A-Za-z]' leaks.log; then
+  fail "objects still alive at exit after seeks"
+fi
+
 echo "== resident memory stays flat over 120 clips cut short"
 # The peak of a run is its start (loading the model), so the resident size is sampled as the clips go by and the
 # mean while clips 12-36 are done is compared with the mean over clips 84-114. Frames of 320x320 make a leaked frame
