@@ -12,6 +12,7 @@
 #include <gst/app/gstappsink.h>
 #include <gst/check/gstcheck.h>
 
+#include "check_main.h"
 #include "pipeline_run.h"
 #include "test_models.h"
 
@@ -217,7 +218,7 @@ static Suite* parallel_suite() {
   tcase_add_test(tc, test_data_parallel_and_stages);
   tcase_add_test(tc, test_state_cycles_end_their_groups);
   if (!latent_test::have_fixtures()) {
-    g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
+    latent_test::skip_missing("no diffusers fixtures (LATENT_VAE_FIXTURES unset: a build without the .venv)");
     return s;
   }
   tcase_add_test(tc, test_devices_encode_equals_one_device);
@@ -226,4 +227,4 @@ static Suite* parallel_suite() {
   return s;
 }
 
-GST_CHECK_MAIN(parallel);
+LATENT_CHECK_MAIN(parallel);

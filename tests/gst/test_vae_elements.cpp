@@ -18,6 +18,7 @@
 #include <gst/check/gstharness.h>
 #include <gst/video/video.h>
 
+#include "check_main.h"
 #include "pipeline_run.h"
 #include "test_models.h"
 
@@ -669,7 +670,7 @@ static Suite* vae_suite() {
   tcase_add_test(harness, test_padded_rows_and_planes_encode_like_tight_ones);
   tcase_add_test(harness, test_allocation_query_offers_video_meta);
   if (!latent_test::have_fixtures()) {
-    g_print("SKIP: no diffusers fixtures (LATENT_VAE_FIXTURES unset)\n");
+    latent_test::skip_missing("no diffusers fixtures (LATENT_VAE_FIXTURES unset: a build without the .venv)");
     return s;
   }
   tcase_add_test(tc, test_encode_negotiates_latent_caps);
@@ -691,4 +692,4 @@ static Suite* vae_suite() {
   return s;
 }
 
-GST_CHECK_MAIN(vae);
+LATENT_CHECK_MAIN(vae);

@@ -112,7 +112,7 @@ TEST(AotiDenoiser, APackageForAnotherCpuIsRefusedAtLoad) {
   LATENT_REQUIRE_DENOISER_FIXTURES();
   const auto caps = at::cpu::get_cpu_capabilities();
   if (caps.count("amx_tile") && caps.at("amx_tile").toBool() && caps.at("avx512_f").toBool())
-    GTEST_SKIP() << "this CPU has AVX-512 and AMX";
+    GTEST_SKIP() << "[hardware] this CPU has AVX-512 and AMX";
   const std::string error = load_error("bad-isa.pt2");
   EXPECT_NE(error.find("this CPU lacks"), std::string::npos) << error;
 }

@@ -409,7 +409,7 @@ TEST(ParallelGenerator, EveryRankEndsWithTheFailingRanksError) {
 // One rank of a two-process group (torchrun's variables), run by the test below through /proc/self/exe.
 TEST(ParallelGeneratorChild, OneRank) {
   const char* out = std::getenv("LATENT_TEST_GEN_RANK_OUT");
-  if (!out) GTEST_SKIP() << "run by ParallelGeneratorProcesses";
+  if (!out) GTEST_SKIP() << "[elsewhere] run by ParallelGeneratorProcesses";
   const auto env = parallel::LaunchEnv::read();
   auto comms = parallel::join_tcp(env.host, env.port, env.rank, env.world, torch::kCPU, {.timeout = 60s});
   auto g = make_rank_generator(small_model(), small_options(ScheduleKind::fifo), {.partitions = 2}, comms.collectives);

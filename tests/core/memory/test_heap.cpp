@@ -143,7 +143,7 @@ TEST(ActivationHeap, MemoryGoesBackWhenTheHeapAndItsLastTensorAreGone) {
 // LATENT_CPU_HEAP is read once per process: tests/core/meson.build runs this one alone with a wrong value.
 TEST(HeapPolicy, AnUnknownPolicyIsAClearError) {
   const char* v = std::getenv("LATENT_CPU_HEAP");
-  if (!v || std::string(v) != "fastest") GTEST_SKIP() << "runs with LATENT_CPU_HEAP=fastest";
+  if (!v || std::string(v) != "fastest") GTEST_SKIP() << "[elsewhere] runs in core-heap-policy, with LATENT_CPU_HEAP=fastest";
   try {
     ActivationHeap::for_device(kCpu);
     FAIL() << "accepted LATENT_CPU_HEAP=fastest";

@@ -714,7 +714,7 @@ TEST(RankFailure, NcclErrorHandlingNeverEndsTheProcess) {
 // The child side of ProcessGroup tests: one rank of a TCP group, run by the parent through /proc/self/exe.
 TEST(PatchParallelChild, EncodeAndDecodeOneRank) {
   const char* out = std::getenv("LATENT_TEST_RANK_OUT");
-  if (!out) GTEST_SKIP() << "run by PatchParallelProcesses";
+  if (!out) GTEST_SKIP() << "[elsewhere] run by PatchParallelProcesses";
   LATENT_REQUIRE_FIXTURES();
   const auto env = parallel::LaunchEnv::read();
   auto comms = parallel::join_tcp(env.host, env.port, env.rank, env.world, torch::kCPU, {.timeout = 60s});

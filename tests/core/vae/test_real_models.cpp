@@ -33,7 +33,7 @@ double psnr(const torch::Tensor& a, const torch::Tensor& b) {
 
 void round_trip(const char* env, const std::string& family, int64_t channels = 16) {
   const char* path = std::getenv(env);
-  if (!path) GTEST_SKIP() << env << " unset: no published " << family << " weights on this machine";
+  if (!path) GTEST_SKIP() << "[opt-in] " << env << " unset: no published " << family << " weights on this machine";
   LoadOptions opt;
   opt.device = resolve_device("auto");
   auto vae = load_vae(path, opt);
