@@ -18,8 +18,9 @@ struct PromptEmbeddings {
 };
 
 // The pipeline folder a model path belongs to: the folder itself when it holds text_encoder/ (or
-// model_index.json), the parent of a transformer/ folder given directly. Throws ModelError when the path is not
-// part of a diffusers pipeline folder with a text encoder and a tokenizer.
+// model_index.json), the parent of a transformer/ (or transformer_2/) folder given directly. Throws ModelError when
+// the path is not part of a diffusers pipeline folder with a text encoder and a tokenizer, or is another part of one
+// (DIR/vae: naming the pipeline folder to give instead).
 std::filesystem::path text_pipeline_folder(const std::filesystem::path& model);
 
 // Loads the folder's text encoder and tokenizer, encodes `prompt` and, when `negative` is set, the negative prompt
