@@ -231,7 +231,7 @@ latent::GeneratorOptions generator_options(const Args& a, const latent::Denoiser
   o.window = a.window;
   o.height = a.height > 0 ? a.height : spec.native_height;
   o.width = a.width > 0 ? a.width : spec.native_width;
-  const int64_t window = a.window > 0 ? a.window : spec.window;
+  const int64_t window = a.window > 0 ? a.window : latent::default_window(spec);
   if (o.schedule == latent::ScheduleKind::rolling)
     o.context = a.context >= 0 ? a.context : std::max<int64_t>(1, window / 4);
   o.frames = a.latents;

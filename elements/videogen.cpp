@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,7 @@ enum {
   PROP_INITIAL_NOISE,
   PROP_IS_LIVE,
   PROP_PARALLEL,
+  PROP_FORMAT,
   PROP_LATENTS_OUT,
   PROP_MODEL_CALLS,
   PROP_MEAN_CALL_TIME,
@@ -61,10 +63,12 @@ enum SamplerChoice { SAMPLER_DEFAULT, SAMPLER_EULER, SAMPLER_UNIPC, SAMPLER_DDIM
 
 constexpr double kModelGuidance = -1.0;
 constexpr gint kAutoContext = -1;
+// The schedule property's default: the one every model the element loads can run (see schedule_for).
+constexpr int kScheduleAuto = 100;
 
 struct Settings {
   latent::gst::ModelSettings model;
-  latent::ScheduleKind schedule = latent::ScheduleKind::fifo;
+  int schedule = kScheduleAuto;  // a latent::ScheduleKind or kScheduleAuto
   SamplerChoice sampler = SAMPLER_DEFAULT;
   guint steps = 0;     // 0: the model's
   double shift = 0.0;  // 0: the model's
@@ -80,6 +84,8 @@ struct Settings {
   std::string text_device;                             // empty: the model's device
   std::string initial_noise;
   std::string parallel = "auto";  // with devices: how the ranks share the work
+  // The latents' wire format: the sampler's float32 by default, whatever the model computes in.
+  latent::gst::LatentFormat format = latent::gst::LatentFormat::F32;
 };
 
 // One device's Generator or a ParallelGenerator over the devices' ranks: what create(), unlock() and seeks drive.
@@ -96,6 +102,14 @@ class Frames {
   void interrupt() { one_ ? one_->interrupt() : many_->interrupt(); }
   void clear_interrupt() { one_ ? one_->clear_interrupt() : many_->clear_interrupt(); }
   int64_t model_calls() const { return one_ ? one_->model_calls() : many_->model_calls(); }
+  // Ranks as processes (torchrun), where every process runs a pipeline of its own in step with the others.
+  bool process_rank() const { return comms_.collectives != nullptr; }
+  // A process rank that stops before its run is over tells the other processes, which would otherwise wait for it
+  // in their next exchange until rank-timeout.
+  void leave(const std::string& why) {
+    if (process_rank() && !finished())
+      comms_.collectives->abort("rank " + std::to_string(comms_.collectives->rank()) + " " + why);
+  }
   // What the element was doing when next() threw: with ranks, the failing rank's error says nothing of its rank.
   std::string doing() const {
     return many_ && !many_->failed_rank().empty() ? "generating on " + many_->failed_rank() : "generating";
@@ -160,6 +174,8 @@ GST_ELEMENT_REGISTER_DEFINE(videogen, "videogen", GST_RANK_NONE, GST_TYPE_VIDEO_
 GType gst_video_gen_schedule_get_type(void) {
   static GType type = 0;
   static const GEnumValue values[] = {
+      {kScheduleAuto, "fifo where the model takes a timestep per frame, clip where it takes one per call (CogVideoX)",
+       "auto"},
       {int(latent::ScheduleKind::clip), "One clip denoised at once (at most one window of latents)", "clip"},
       {int(latent::ScheduleKind::fifo),
        "FIFO-Diffusion: a queue of frames at rising noise levels, one frame out per iteration; endless", "fifo"},
@@ -180,6 +196,18 @@ GType gst_video_gen_sampler_get_type(void) {
       {SAMPLER_DPM, "Stochastic DPM-Solver++(2M) for v or epsilon prediction (CogVideoX-5b's)", "dpm"},
       {0, nullptr, nullptr}};
   if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstVideoGenSampler", values));
+  return type;
+}
+
+GType gst_video_gen_format_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {
+      {int(latent::gst::LatentFormat::F32), "float32: the sampler's own values, as diffusers' pipelines hand them on",
+       "F32"},
+      {int(latent::gst::LatentFormat::F16), "float16: half the bytes, rounded", "F16"},
+      {int(latent::gst::LatentFormat::BF16), "bfloat16: half the bytes, rounded (~0.4%)", "BF16"},
+      {0, nullptr, nullptr}};
+  if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstVideoGenFormat", values));
   return type;
 }
 
@@ -227,6 +255,60 @@ double effective_guidance(const latent::DenoiserSpec& spec, const Settings& s) {
 std::optional<std::string> negative_to_encode(const latent::DenoiserSpec& spec, const Settings& s) {
   if (effective_guidance(spec, s) <= 1.0) return std::nullopt;
   return s.negative_prompt.value_or("");
+}
+
+// fifo, endless in constant memory, where the model gives each frame its own timestep; clip for a model that
+// takes one timestep per call (CogVideoX), which only the clip schedule can drive.
+latent::ScheduleKind schedule_for(const latent::DenoiserSpec& spec, int property) {
+  if (property != kScheduleAuto) return latent::ScheduleKind(property);
+  return spec.per_frame_timesteps ? latent::ScheduleKind::fifo : latent::ScheduleKind::clip;
+}
+
+// "1:02:03", "4:05": durations in progress texts.
+std::string clock_text(GstClockTime t) {
+  const uint64_t secs = (t + GST_SECOND / 2) / GST_SECOND;
+  char buf[32];
+  if (secs >= 3600)
+    std::snprintf(buf, sizeof buf, "%u:%02u:%02u", unsigned(secs / 3600), unsigned(secs / 60 % 60),
+                  unsigned(secs % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%u:%02u", unsigned(secs / 60), unsigned(secs % 60));
+  return buf;
+}
+
+// Posts "videogen-progress" element messages as a run goes, so a run of minutes shows it is moving from its first
+// step: the first iteration, the last, and at most four a second between. Fields: text ("step 3 of 50, 1:12
+// left"), iteration, iterations (0: endless), percent (-1: endless), and elapsed and eta in nanoseconds (eta
+// GST_CLOCK_TIME_NONE where unknown). Element messages, not GST_MESSAGE_PROGRESS: gst-launch-1.0 holds a pipeline in
+// PAUSED while a progress operation is open, and the steps before the first latent run during preroll.
+std::function<void(const latent::GeneratorProgress&)> progress_poster(GstElement* element) {
+  struct Clock {
+    std::chrono::steady_clock::time_point start, last;
+  };
+  auto clock = std::make_shared<Clock>();
+  return [element, clock](const latent::GeneratorProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool first = p.iteration <= 1, last = p.iterations > 0 && p.iteration >= p.iterations;
+    if (first) clock->start = now;
+    if (!first && !last && now - clock->last < std::chrono::milliseconds(250)) return;
+    clock->last = now;
+    const auto elapsed = GstClockTime(std::chrono::duration_cast<std::chrono::nanoseconds>(now - clock->start).count());
+    // From the rate of the iterations after the first, which carries the warm-up; the clock starts after it.
+    GstClockTime eta = GST_CLOCK_TIME_NONE;
+    if (last)
+      eta = 0;
+    else if (p.iterations > 0 && p.iteration > 1)
+      eta = gst_util_uint64_scale(elapsed, uint64_t(p.iterations - p.iteration), uint64_t(p.iteration - 1));
+    std::string text = "step " + std::to_string(p.iteration);
+    if (p.iterations > 0) text += " of " + std::to_string(p.iterations);
+    if (GST_CLOCK_TIME_IS_VALID(eta) && !last) text += ", " + clock_text(eta) + " left";
+    GstStructure* st = gst_structure_new("videogen-progress", "text", G_TYPE_STRING, text.c_str(), nullptr);
+    gst_structure_set(st, "iteration", G_TYPE_INT64, gint64(p.iteration), "iterations", G_TYPE_INT64,
+                      gint64(p.iterations), "percent", G_TYPE_INT,
+                      p.iterations > 0 ? int(100 * p.iteration / p.iterations) : -1, "elapsed", G_TYPE_UINT64,
+                      guint64(elapsed), "eta", G_TYPE_UINT64, guint64(eta), nullptr);
+    gst_element_post_message(element, gst_message_new_element(GST_OBJECT(element), st));
+  };
 }
 
 // Whose layout initial-noise files take: the `latents=` argument of the family's diffusers pipeline, Wan's
@@ -345,7 +427,7 @@ Run plan_run(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks, 
   const std::shared_ptr<const latent::Denoiser>& model = ranks.front();
   const latent::DenoiserSpec& spec = model->spec();
   latent::GeneratorOptions o;
-  o.schedule = s.schedule;
+  o.schedule = schedule_for(spec, s.schedule);
   o.sampler = spec.sampler;
   if (s.sampler != SAMPLER_DEFAULT)
     o.sampler.kind = s.sampler == SAMPLER_EULER   ? latent::SamplerKind::euler
@@ -357,6 +439,7 @@ Run plan_run(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks, 
   o.guidance = effective_guidance(spec, s);
   o.seed = s.seed;
   o.window = s.window;
+  o.progress = progress_poster(element);
 
   const int64_t sf = spec.spatial_factor;
   if ((s.width == 0) != (s.height == 0)) throw std::invalid_argument("set both width and height, or neither");
@@ -375,7 +458,7 @@ Run plan_run(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks, 
   } else {
     throw std::invalid_argument("this model declares no size: set width and height");
   }
-  const int64_t window = o.window > 0 ? o.window : spec.window;
+  const int64_t window = o.window > 0 ? o.window : latent::default_window(spec);
   if (o.schedule == latent::ScheduleKind::rolling)
     o.context = s.context == kAutoContext ? std::max<int64_t>(1, window / 4) : s.context;
 
@@ -412,7 +495,7 @@ Run plan_run(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks, 
 
   LatentCapsInfo& c = run.caps;
   c.model = spec.latent_space;
-  c.format = latent::gst::latent_format_for(model->dtype());
+  c.format = s.format;
   c.channels = int(spec.channels);
   c.width = int(o.width);
   c.height = int(o.height);
@@ -509,7 +592,12 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
 gboolean unlock(GstBaseSrc* base) {
   Impl& s = *GST_VIDEO_GEN(base)->impl;
   std::lock_guard<std::mutex> lock(s.run_lock);
-  if (s.run && s.run->generator) s.run->generator->interrupt();
+  if (!s.run || !s.run->generator) return TRUE;
+  // Ranks as processes step together: a rank interrupted mid-step leaves the others in an exchange it never
+  // reaches. So only a stop (which ends the group's run, see stop()) cuts a step short; a live source's pause lets
+  // it finish, and the group goes on when the pipeline plays again.
+  if (s.run->generator->process_rank() && GST_STATE_TARGET(base) >= GST_STATE_PAUSED) return TRUE;
+  s.run->generator->interrupt();
   return TRUE;
 }
 
@@ -614,7 +702,10 @@ gboolean stop(GstBaseSrc* base) {
   Impl& s = *self->impl;
   {
     std::lock_guard<std::mutex> lock(s.run_lock);
-    if (s.run && s.run->generator) s.calls = guint64(s.run->generator->model_calls());
+    if (s.run && s.run->generator) {
+      s.calls = guint64(s.run->generator->model_calls());
+      s.run->generator->leave("stopped before the end of the run (its pipeline left PAUSED)");
+    }
     s.run.reset();
   }
   set_made_caps(self, nullptr);
@@ -665,7 +756,15 @@ GstCaps* get_caps(GstBaseSrc* base, GstCaps* filter) {
   return caps;
 }
 
-gboolean is_seekable(GstBaseSrc* base) { return !gst_base_src_is_live(base); }
+// Whether the run's generator is one process's rank of a group of processes (torchrun).
+bool process_rank(Impl& s) {
+  std::lock_guard<std::mutex> lock(s.run_lock);
+  return s.run && s.run->generator && s.run->generator->process_rank();
+}
+
+gboolean is_seekable(GstBaseSrc* base) {
+  return !gst_base_src_is_live(base) && !process_rank(*GST_VIDEO_GEN(base)->impl);
+}
 
 // Generation has no random access: a seek to the start replays the stream (same seed, same latents); any other
 // position is refused here, before basesrc flushes, so a refused seek leaves the stream running as it was.
@@ -675,6 +774,15 @@ gboolean src_event(GstBaseSrc* base, GstEvent* event) {
     GstSeekType start_type, stop_type;
     gint64 start, stop;
     gst_event_parse_seek(event, nullptr, &format, nullptr, &start_type, &start, &stop_type, &stop);
+    // A seek restarts this process's schedule alone: the others would go on, and their exchanges would no longer
+    // match (fifo: other sizes; clip: other steps, silently wrong latents).
+    if (process_rank(*GST_VIDEO_GEN(base)->impl)) {
+      GST_ELEMENT_WARNING(base, RESOURCE, SEEK,
+                          ("Seeking is not possible with ranks as processes (torchrun): the other processes would "
+                           "not seek with this one. Restart the group to start over."),
+                          ("refused a seek to %s %" G_GINT64_FORMAT, gst_format_get_name(format), start));
+      return FALSE;
+    }
     if (format != GST_FORMAT_TIME || start_type != GST_SEEK_TYPE_SET || start != 0) {
       GST_WARNING_OBJECT(base, "only a seek to the start is possible; refused one to %s %" G_GINT64_FORMAT,
                          gst_format_get_name(format), start);
@@ -795,7 +903,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   }
   GST_OBJECT_LOCK(self);
   switch (id) {
-    case PROP_SCHEDULE: s.schedule = latent::ScheduleKind(g_value_get_enum(value)); break;
+    case PROP_SCHEDULE: s.schedule = g_value_get_enum(value); break;
     case PROP_SAMPLER: s.sampler = SamplerChoice(g_value_get_enum(value)); break;
     case PROP_STEPS: s.steps = g_value_get_uint(value); break;
     case PROP_SHIFT: s.shift = g_value_get_double(value); break;
@@ -815,6 +923,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_TEXT_DEVICE: s.text_device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_INITIAL_NOISE: s.initial_noise = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_PARALLEL: s.parallel = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
+    case PROP_FORMAT: s.format = latent::gst::LatentFormat(g_value_get_enum(value)); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -840,7 +949,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   }
   GST_OBJECT_LOCK(self);
   switch (id) {
-    case PROP_SCHEDULE: g_value_set_enum(value, int(s.schedule)); break;
+    case PROP_SCHEDULE: g_value_set_enum(value, s.schedule); break;
     case PROP_SAMPLER: g_value_set_enum(value, s.sampler); break;
     case PROP_STEPS: g_value_set_uint(value, s.steps); break;
     case PROP_SHIFT: g_value_set_double(value, s.shift); break;
@@ -854,6 +963,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_CONTEXT: g_value_set_int(value, s.context); break;
     case PROP_PROMPT: g_value_set_string(value, s.prompt ? s.prompt->c_str() : nullptr); break;
     case PROP_PARALLEL: g_value_set_string(value, s.parallel.c_str()); break;
+    case PROP_FORMAT: g_value_set_enum(value, int(s.format)); break;
     case PROP_NEGATIVE_PROMPT:
       g_value_set_string(value, s.negative_prompt ? s.negative_prompt->c_str() : nullptr);
       break;
@@ -891,8 +1001,8 @@ void install_properties(GObjectClass* gobject) {
       gobject, PROP_SCHEDULE,
       g_param_spec_enum("schedule", "Schedule",
                         "How frames are denoised: clip (one window at once), fifo or rolling (endless, constant "
-                        "memory)",
-                        GST_TYPE_VIDEO_GEN_SCHEDULE, int(latent::ScheduleKind::fifo), rw));
+                        "memory); auto: fifo, or clip for a model with one timestep per call (CogVideoX)",
+                        GST_TYPE_VIDEO_GEN_SCHEDULE, kScheduleAuto, rw));
   g_object_class_install_property(
       gobject, PROP_SAMPLER,
       g_param_spec_enum("sampler", "Sampler", "The sampler; default takes the one the model's file recommends",
@@ -991,6 +1101,13 @@ void install_properties(GObjectClass* gobject) {
           "guidance is on, then partitions (fifo) or ulysses; the log says what was chosen",
           "auto", rw));
   g_object_class_install_property(
+      gobject, PROP_FORMAT,
+      g_param_spec_enum("format", "Latent format",
+                        "The latents' format on the wire (the caps' format). The sampler works in float32 whatever "
+                        "dtype the model computes in, and F32 hands its result on unrounded, as diffusers' "
+                        "pipelines give their VAE; F16 or BF16 halve the bytes at the cost of rounding",
+                        GST_TYPE_VIDEO_GEN_FORMAT, int(latent::gst::LatentFormat::F32), rw));
+  g_object_class_install_property(
       gobject, PROP_IS_LIVE,
       g_param_spec_boolean("is-live", "Is live",
                            "Act as a live source: timestamps start at the running time the first latent is ready, "
@@ -1051,6 +1168,7 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
   base->unlock_stop = GST_DEBUG_FUNCPTR(unlock_stop);
   gst_type_mark_as_plugin_api(GST_TYPE_VIDEO_GEN_SCHEDULE, GstPluginAPIFlags(0));
   gst_type_mark_as_plugin_api(GST_TYPE_VIDEO_GEN_SAMPLER, GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(GST_TYPE_VIDEO_GEN_FORMAT, GstPluginAPIFlags(0));
   GST_PUSH_SRC_CLASS(klass)->create = GST_DEBUG_FUNCPTR(create);
 }
 

@@ -13,4 +13,6 @@ G_DECLARE_FINAL_TYPE(GstVideoGen, gst_video_gen, GST, VIDEO_GEN, GstPushSrc)
 GType gst_video_gen_schedule_get_type(void);
 #define GST_TYPE_VIDEO_GEN_SAMPLER (gst_video_gen_sampler_get_type())
 GType gst_video_gen_sampler_get_type(void);
+#define GST_TYPE_VIDEO_GEN_FORMAT (gst_video_gen_format_get_type())
+GType gst_video_gen_format_get_type(void);
 G_END_DECLS

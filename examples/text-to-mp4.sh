@@ -8,7 +8,12 @@
 # schedule denoises all frames together, as diffusers' pipelines do; schedule=fifo or rolling makes longer videos
 # in constant memory.
 set -euo pipefail
+# videogen posts "videogen-progress" messages from its first step; gst-launch -m prints every message, of which
+# these become one line each ("progress: step 12 of 50, 1:24 left") and the rest are left out.
+show_progress() {
+  sed -u -E '/videogen-progress/{s/.*text=\(string\)"([^"]*)".*/progress: \1/;s/\\//g;b};/^Got message/d'
+}
 model=$1 prompt=$2 frames=$3 out=$4
 shift 4
-gst-launch-1.0 -e videogen model="$model" prompt="$prompt" schedule=clip num-frames="$frames" "$@" ! \
-  vaedecode model="$model/vae" ! videoconvert ! avenc_mpeg4 bitrate=2000000 ! mp4mux ! filesink location="$out"
+gst-launch-1.0 -m -e videogen model="$model" prompt="$prompt" schedule=clip num-frames="$frames" "$@" ! \
+  vaedecode model="$model/vae" ! videoconvert ! avenc_mpeg4 bitrate=2000000 ! mp4mux ! filesink location="$out" 2>&1 | show_progress

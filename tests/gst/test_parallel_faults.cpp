@@ -10,6 +10,7 @@
 // makes the one-device latents.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 #include <gst/check/gstcheck.h>
 #include <gst/check/gstharness.h>
 
+#include "check_main.h"
 #include "pipeline_run.h"
 #include "test_models.h"
 
@@ -218,15 +220,13 @@ std::vector<GenRun> gen_runs() {
                     "videogen name=gen model=" + small_generator() +
                         " width=64 height=48 steps=4 window=2 schedule=fifo num-frames=13 ",
                     "devices=cpu,cpu parallel=partitions=2"});
-  else
-    g_print("SKIP fifo partitions: no small generator (LATENT_SMALL_DENOISER_FIXTURES unset)\n");
+
   if (!pipeline_wan().empty())
     runs.push_back({"cfg",
                     "videogen name=gen model=" + pipeline_wan() +
                         " width=96 height=64 num-frames=17 schedule=clip steps=2 guidance-scale=5 prompt=fox ",
                     "devices=cpu,cpu parallel=cfg=2"});
-  else
-    g_print("SKIP cfg: no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset)\n");
+
   return runs;
 }
 
@@ -352,6 +352,157 @@ GST_START_TEST(test_videogen_rank_that_stalls_times_out) {
 }
 GST_END_TEST;
 
+// videogen's ranks as processes (torchrun's environment): this process is rank 0, a gst-launch-1.0 child rank 1.
+// A seek would restart one process's schedule alone, so it is refused with a warning and the stream goes on to
+// the end in step with the other process; a rank that stops mid-run tells the other, which ends at once with an
+// ERROR naming it instead of waiting out its rank-timeout.
+struct ChildRank {
+  GPid pid = 0;
+  std::string log;
+  // Waits for the child; its exit status.
+  int wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    g_spawn_close_pid(pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  }
+  std::string said() const {
+    std::ifstream in(log);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+};
+
+ChildRank spawn_rank1(const std::string& props, int port, const std::string& tag) {
+  ChildRank c;
+  c.log =
+      (std::filesystem::temp_directory_path() / ("rank1-" + tag + "-" + std::to_string(getpid()) + ".log")).string();
+  gchar** env = g_get_environ();
+  for (const auto& [k, v] : std::vector<std::pair<const char*, std::string>>{{"RANK", "1"},
+                                                                             {"LOCAL_RANK", "1"},
+                                                                             {"WORLD_SIZE", "2"},
+                                                                             {"MASTER_ADDR", "127.0.0.1"},
+                                                                             {"MASTER_PORT", std::to_string(port)},
+                                                                             {"OMP_NUM_THREADS", "1"}})
+    env = g_environ_setenv(env, k, v.c_str(), TRUE);
+  const std::string cmd = "exec gst-launch-1.0 -q videogen " + props + " ! fakesink >" + c.log + " 2>&1";
+  const gchar* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  GError* err = nullptr;
+  fail_unless(
+      g_spawn_async(nullptr, const_cast<gchar**>(argv), env, G_SPAWN_DO_NOT_REAP_CHILD, nullptr, nullptr, &c.pid, &err),
+      "cannot start rank 1: %s", err ? err->message : "?");
+  g_strfreev(env);
+  return c;
+}
+
+void be_rank0(int port) {
+  g_setenv("RANK", "0", TRUE);
+  g_setenv("LOCAL_RANK", "0", TRUE);
+  g_setenv("WORLD_SIZE", "2", TRUE);
+  g_setenv("MASTER_ADDR", "127.0.0.1", TRUE);
+  g_setenv("MASTER_PORT", std::to_string(port).c_str(), TRUE);
+}
+
+void be_alone() {
+  for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) g_unsetenv(k);
+}
+
+GST_START_TEST(test_process_ranks_refuse_seeks_and_tell_when_they_stop) {
+  const std::string props = "model=" + small_generator() +
+                            " width=64 height=48 steps=4 window=2 schedule=fifo parallel=partitions=2 rank-timeout=60";
+  g_setenv("OMP_NUM_THREADS", "1", TRUE);
+  latent_test::Out alone;
+  latent_test::run("videogen " + props.substr(0, props.find(" parallel")) + " num-frames=13 ! appsink name=out", alone);
+  fail_unless(alone.error.empty(), "%s", alone.error.c_str());
+
+  // A seek mid-stream: refused with a warning, and both processes still make the one-process latents.
+  const int port = 20000 + int(getpid() % 20000);
+  ChildRank child = spawn_rank1(props + " num-frames=13", port, "seek");
+  be_rank0(port);
+  GstElement* pipeline =
+      gst_parse_launch(("videogen " + props + " num-frames=13 ! appsink name=out sync=false").c_str(), nullptr);
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  std::vector<GstBuffer*> got;
+  GstSample* first = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 120 * GST_SECOND);
+  fail_unless(first != nullptr, "no latent from rank 0: rank 1 said %s", child.said().c_str());
+  got.push_back(gst_buffer_ref(gst_sample_get_buffer(first)));
+  gst_sample_unref(first);
+  fail_if(gst_element_seek_simple(pipeline, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH), 0),
+          "a seek was accepted with ranks as processes");
+  while (GstSample* smp = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 120 * GST_SECOND)) {
+    got.push_back(gst_buffer_ref(gst_sample_get_buffer(smp)));
+    gst_sample_unref(smp);
+  }
+  GstBus* bus = gst_element_get_bus(pipeline);
+  GstMessage* warning = gst_bus_pop_filtered(bus, GST_MESSAGE_WARNING);
+  fail_unless(warning != nullptr, "no warning for the refused seek");
+  GError* e = nullptr;
+  gst_message_parse_warning(warning, &e, nullptr);
+  fail_unless(std::strstr(e->message, "ranks as processes") != nullptr, "%s", e->message);
+  g_clear_error(&e);
+  gst_message_unref(warning);
+  gst_object_unref(bus);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  fail_unless_equals_int(child.wait(), 0);
+  fail_unless_equals_int(got.size(), alone.buffers.size());
+  fail_unless(floats_of(got) == floats_of(alone.buffers), "the latents differ from one process's");
+  unref_all(got);
+
+  // A live rank paused and played again: its step ends in step with the other process, which waits for it, and
+  // both go on to the one-process latents.
+  child = spawn_rank1(props + " num-frames=13 is-live=true", port + 2, "pause");
+  be_rank0(port + 2);
+  pipeline =
+      gst_parse_launch(("videogen " + props + " num-frames=13 is-live=true ! appsink name=out").c_str(), nullptr);
+  sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  GstSample* live = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 120 * GST_SECOND);
+  fail_unless(live != nullptr, "no live latent from rank 0: rank 1 said %s", child.said().c_str());
+  got.push_back(gst_buffer_ref(gst_sample_get_buffer(live)));
+  gst_sample_unref(live);
+  gst_element_set_state(pipeline, GST_STATE_PAUSED);
+  g_usleep(G_USEC_PER_SEC / 2);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  while (GstSample* smp = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 120 * GST_SECOND)) {
+    got.push_back(gst_buffer_ref(gst_sample_get_buffer(smp)));
+    gst_sample_unref(smp);
+  }
+  fail_unless_equals_string(wait_for_end(pipeline).c_str(), "");
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  fail_unless_equals_int(child.wait(), 0);
+  fail_unless_equals_int(got.size(), alone.buffers.size());
+  fail_unless(floats_of(got) == floats_of(alone.buffers), "paused and played again, the latents differ");
+  unref_all(got);
+
+  // Rank 0 leaves an endless run: rank 1 ends well before its minute of rank-timeout, naming rank 0.
+  child = spawn_rank1(props, port + 1, "leave");
+  be_rank0(port + 1);
+  pipeline = gst_parse_launch(("videogen " + props + " ! appsink name=out sync=false").c_str(), nullptr);
+  sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  GstSample* one = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 120 * GST_SECOND);
+  fail_unless(one != nullptr, "no latent from rank 0: rank 1 said %s", child.said().c_str());
+  gst_sample_unref(one);
+  const auto left = Clock::now();
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  be_alone();
+  const int status = child.wait();
+  const double waited = std::chrono::duration<double>(Clock::now() - left).count();
+  const std::string said = child.said();
+  fail_unless(status != 0, "rank 1 went on without rank 0");
+  // Told by rank 0 that it stopped, or, where rank 0's store went first, that rank 0 is gone.
+  fail_unless(said.find("rank 0") != std::string::npos, "rank 1 said: %s", said.c_str());
+  fail_unless(waited < 30, "rank 1 took %.1f s to end", waited);
+  std::remove(child.log.c_str());
+}
+GST_END_TEST;
+
 Suite* faults_suite() {
   Suite* s = suite_create("parallel-faults");
   TCase* tc = tcase_create("faults");
@@ -360,9 +511,14 @@ Suite* faults_suite() {
   tcase_add_test(tc, test_a_group_that_cannot_form_again_is_an_error);
   tcase_add_test(tc, test_videogen_rank_that_throws_is_an_error_at_once);
   tcase_add_test(tc, test_videogen_rank_that_stalls_times_out);
+  if (!small_generator().empty()) tcase_add_test(tc, test_process_ranks_refuse_seeks_and_tell_when_they_stop);
+  if (small_generator().empty())
+    latent_test::skip_missing("videogen fifo partitions: no small generator (LATENT_SMALL_DENOISER_FIXTURES unset)");
+  if (pipeline_wan().empty())
+    latent_test::skip_missing("videogen cfg: no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset)");
   return s;
 }
 
 }  // namespace
 
-GST_CHECK_MAIN(faults);
+LATENT_CHECK_MAIN(faults);

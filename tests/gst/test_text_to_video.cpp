@@ -22,6 +22,7 @@
 #include <gst/app/gstappsink.h>
 #include <gst/check/gstcheck.h>
 
+#include "check_main.h"
 #include "pipeline_run.h"
 
 namespace {
@@ -161,6 +162,14 @@ GST_START_TEST(test_latent_prompt_file_equals_the_prompt_property) {
   fail_unless_equals_int(
       WEXITSTATUS(std::system((std::string(LATENT_PROMPT_TOOL) + " /nonexistent x " + file + " 2>/dev/null").c_str())),
       1);
+  // The pipeline's vae/ is not where prompts are encoded: refused with the folder to give, not silently the parent's.
+  const std::string log = (dir / "vae.log").string();
+  fail_unless_equals_int(WEXITSTATUS(std::system(
+                             (std::string(LATENT_PROMPT_TOOL) + " " + wan() + "/vae x " + file + " 2>" + log).c_str())),
+                         1);
+  std::ifstream in(log);
+  const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  fail_unless(contains(said, "this is its vae/ folder: give the pipeline folder"), "%s", said.c_str());
   fs::remove_all(dir);
 }
 GST_END_TEST;
@@ -179,6 +188,26 @@ GST_START_TEST(test_folder_vae_decodes_the_latents) {
                    c);
   fail_unless(c.error.empty(), "%s", c.error.c_str());
   fail_unless_equals_int(c.buffers.size(), 9);
+}
+GST_END_TEST;
+
+// Defaults that every model can run: the schedule is clip for CogVideoX (one timestep per call, where fifo cannot
+// drive it), and an endless clip of Wan is its trained clip of 21 latents (81 frames), not the 1,024 its
+// positions reach.
+GST_START_TEST(test_defaults_run_every_model) {
+  Out cog;
+  latent_test::run(
+      "videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox steps=1 num-frames=9 ! appsink name=out",
+      cog);
+  fail_unless(cog.error.empty(), "%s", cog.error.c_str());
+  fail_unless_equals_int(cog.buffers.size(), 3);
+  Out wan_clip;
+  latent_test::run("videogen model=" + wan() +
+                       " width=96 height=64 schedule=clip steps=1 guidance-scale=1 prompt=fox "
+                       "! appsink name=out",
+                   wan_clip);
+  fail_unless(wan_clip.error.empty(), "%s", wan_clip.error.c_str());
+  fail_unless_equals_int(wan_clip.buffers.size(), 21);
 }
 GST_END_TEST;
 
@@ -306,7 +335,8 @@ GST_START_TEST(test_bad_text_input_is_named) {
        "initial-noise needs schedule=clip"},
       {"videogen model=" + wan() + " num-frames=1 ! ", "this model needs text: set prompt"},
       {"videogen model=" + wan() + " prompt=fox text-device=cuda:7 num-frames=1 ! ", "cuda"},
-      {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=fifo ! ", "fifo"},
+      {"videogen model=" + (fixtures() / "cogvideox").string() + " prompt=fox num-frames=9 schedule=fifo ! ",
+       "use the clip schedule"},
       {wan_gen("prompt=fox devices=cpu,cpu,cpu parallel=cfg=2"), "needs 2 devices; there are 3"},
       {wan_gen("prompt=fox parallel=cfg=2"), "needs devices"},
       {wan_gen("prompt=fox devices=cpu,cpu parallel=cfg=two"), "is not one of cfg=N"},
@@ -333,13 +363,14 @@ static Suite* text_to_video_suite() {
   tcase_set_timeout(tc, 600);
   suite_add_tcase(s, tc);
   if (fixtures().empty()) {
-    g_print("SKIP: no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv)\n");
+    latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv)");
     return s;
   }
   tcase_add_test(tc, test_wan_prompt_matches_diffusers);
   tcase_add_test(tc, test_cogvideox_prompt_matches_diffusers);
   tcase_add_test(tc, test_latent_prompt_file_equals_the_prompt_property);
   tcase_add_test(tc, test_folder_vae_decodes_the_latents);
+  tcase_add_test(tc, test_defaults_run_every_model);
   tcase_add_test(tc, test_prompt_changed_in_ready_is_encoded_again);
   tcase_add_test(tc, test_empty_and_huge_prompts_generate);
   tcase_add_test(tc, test_devices_give_the_one_device_latents);
@@ -347,4 +378,4 @@ static Suite* text_to_video_suite() {
   return s;
 }
 
-GST_CHECK_MAIN(text_to_video);
+LATENT_CHECK_MAIN(text_to_video);

@@ -6,12 +6,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include <gst/check/gstcheck.h>
 #include <gst/check/gstharness.h>
 
+#include "check_main.h"
 #include "pipeline_run.h"
 
 namespace {
@@ -144,6 +147,52 @@ GST_START_TEST(test_num_frames_is_exact_through_vaedecode) {
     for (int i = 0; i < frames; ++i)
       fail_unless_equals_uint64(GST_BUFFER_PTS(out.buffers[size_t(i)]), gst_util_uint64_scale(i, GST_SECOND, 16));
   }
+}
+GST_END_TEST;
+
+// A run shows how far it is from its first step: "videogen-progress" element messages count the iterations of the
+// run (3 steps of one clip here), the last one with nothing left.
+GST_START_TEST(test_progress_is_posted_from_the_first_step) {
+  struct Seen {
+    std::mutex lock;
+    std::vector<std::array<gint64, 2>> steps;
+    std::vector<guint64> etas;
+    std::string last_text;
+  } seen;
+  Out out;
+  run(gen("schedule=clip num-frames=9 steps=3") + "appsink name=out", out, 120 * GST_SECOND,
+      [&seen](GstElement* pipeline) {
+        GstBus* bus = gst_element_get_bus(pipeline);
+        gst_bus_set_sync_handler(
+            bus,
+            [](GstBus*, GstMessage* m, gpointer data) {
+              const GstStructure* st = gst_message_get_structure(m);
+              if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ELEMENT && gst_structure_has_name(st, "videogen-progress")) {
+                auto* into = static_cast<Seen*>(data);
+                gint64 i = 0, n = 0;
+                guint64 eta = 0;
+                gst_structure_get_int64(st, "iteration", &i);
+                gst_structure_get_int64(st, "iterations", &n);
+                gst_structure_get_uint64(st, "eta", &eta);
+                const gchar* text = gst_structure_get_string(st, "text");
+                std::lock_guard<std::mutex> hold(into->lock);
+                into->steps.push_back({i, n});
+                into->etas.push_back(eta);
+                into->last_text = text ? text : "";
+              }
+              return GST_BUS_PASS;
+            },
+            &seen, nullptr);
+        gst_object_unref(bus);
+      });
+  fail_unless(out.error.empty(), "%s", out.error.c_str());
+  fail_unless(!seen.steps.empty(), "no progress message");
+  fail_unless_equals_int(seen.steps.front()[0], 1);
+  fail_unless_equals_int(seen.steps.back()[0], 3);
+  for (const auto& s : seen.steps) fail_unless_equals_int(s[1], 3);
+  fail_unless_equals_uint64(seen.etas.back(), 0);
+  fail_unless_equals_uint64(seen.etas.front(), GST_CLOCK_TIME_NONE);  // one step says nothing of the rest
+  fail_unless_equals_string(seen.last_text.c_str(), "step 3 of 3");
 }
 GST_END_TEST;
 
@@ -419,6 +468,37 @@ GST_START_TEST(test_native_wan_folder_generates) {
   }
   run(desc, b);
   fail_unless(same_stream(a, b), "the same seed gave another stream");
+  // A bfloat16 model hands on the sampler's float32 latents unrounded (WanPipeline gives its VAE float32);
+  // format=BF16 rounds them on request.
+  const std::string bf16 = "videogen model=" + wan_fixture() + " prompt-embeds=" + embeds +
+                           " dtype=bfloat16 width=96 height=64 steps=2 num-frames=5 schedule=clip";
+  Out wide, narrow;
+  run(bf16 + " ! appsink name=out", wide);
+  run(bf16 + " format=BF16 ! appsink name=out", narrow);
+  fail_unless(wide.error.empty() && narrow.error.empty(), "%s %s", wide.error.c_str(), narrow.error.c_str());
+  fail_unless_equals_string(gst_structure_get_string(gst_caps_get_structure(wide.caps, 0), "format"), "F32");
+  fail_unless_equals_string(gst_structure_get_string(gst_caps_get_structure(narrow.caps, 0), "format"), "BF16");
+  fail_unless_equals_int(narrow.buffers.size(), wide.buffers.size());
+  bool rounded_somewhere = false;
+  for (size_t i = 0; i < wide.buffers.size(); ++i) {
+    fail_unless_equals_uint64(gst_buffer_get_size(wide.buffers[i]), 16 * 8 * 12 * sizeof(float));
+    GstMapInfo w, n;
+    gst_buffer_map(wide.buffers[i], &w, GST_MAP_READ);
+    gst_buffer_map(narrow.buffers[i], &n, GST_MAP_READ);
+    for (size_t k = 0; k < 16 * 8 * 12; ++k) {
+      uint32_t bits;
+      uint16_t got;
+      std::memcpy(&bits, w.data + 4 * k, 4);
+      std::memcpy(&got, n.data + 2 * k, 2);
+      // bfloat16 is float32's upper half, rounded to nearest even (the values are finite).
+      const auto want = uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+      fail_unless_equals_int(got, want);
+      rounded_somewhere = rounded_somewhere || (bits & 0xffffu) != 0;
+    }
+    gst_buffer_unmap(wide.buffers[i], &w);
+    gst_buffer_unmap(narrow.buffers[i], &n);
+  }
+  fail_unless(rounded_somewhere, "the float32 latents hold nothing bfloat16 would round");
   fs::remove_all(dir);
 }
 GST_END_TEST;
@@ -430,8 +510,9 @@ GST_START_TEST(test_enums_list_their_values) {
     const char* property;
     std::vector<const char*> nicks;
     const char* fallback;
-  } enums[] = {{"schedule", {"clip", "fifo", "rolling"}, "fifo"},
-               {"sampler", {"default", "euler", "unipc", "ddim", "dpm"}, "default"}};
+  } enums[] = {{"schedule", {"auto", "clip", "fifo", "rolling"}, "auto"},
+               {"sampler", {"default", "euler", "unipc", "ddim", "dpm"}, "default"},
+               {"format", {"F32", "F16", "BF16"}, "F32"}};
   for (const auto& en : enums) {
     GParamSpec* p = g_object_class_find_property(G_OBJECT_GET_CLASS(e), en.property);
     fail_unless(p && G_IS_PARAM_SPEC_ENUM(p), "%s is not an enum", en.property);
@@ -474,14 +555,15 @@ static Suite* videogen_suite() {
   if (!wan_fixture().empty())
     tcase_add_test(tc, test_native_wan_folder_generates);
   else
-    g_print("SKIP: no Wan transformer fixture (LATENT_WAN_TRANSFORMER_FIXTURES unset)\n");
+    latent_test::skip_missing("no Wan transformer fixture (LATENT_WAN_TRANSFORMER_FIXTURES unset)");
   if (generator_fixture().empty() || !fs::exists(generator_fixture())) {
-    g_print("SKIP: no generator fixture (LATENT_SMALL_DENOISER_FIXTURES unset)\n");
+    latent_test::skip_missing("no generator fixture (LATENT_SMALL_DENOISER_FIXTURES unset)");
     return s;
   }
   tcase_add_test(tc, test_caps_and_stamps_follow_the_latent_contract);
   tcase_add_test(tc, test_num_frames_is_exact_through_vaedecode);
   tcase_add_test(tc, test_zero_frames_is_an_empty_stream);
+  tcase_add_test(tc, test_progress_is_posted_from_the_first_step);
   tcase_add_test(tc, test_every_schedule_repeats_its_seed);
   tcase_add_test(tc, test_endless_stream_is_continuous);
   tcase_add_test(tc, test_latent_files_replay_the_stream);
@@ -494,4 +576,4 @@ static Suite* videogen_suite() {
   return s;
 }
 
-GST_CHECK_MAIN(videogen);
+LATENT_CHECK_MAIN(videogen);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -69,18 +70,24 @@ void check_memory(const GeneratorOptions& o, const DenoiserSpec& spec, torch::De
 size_t Generator::latent_bytes_lower_bound(const GeneratorOptions& o, int64_t channels) {
   const size_t frame = size_t(std::max<int64_t>(channels, 1)) * size_t(std::max<int64_t>(o.height, 1)) *
                        size_t(std::max<int64_t>(o.width, 1)) * sizeof(float);
-  // In flight: clip and rolling hold a window, fifo its queue of `steps` frames; each frame with its sampler
-  // history (UniPC keeps two earlier predictions). A call adds its input, conditional and unconditional outputs;
-  // fifo's partitions are predicted together before any steps (so ranks can share them), which keeps every
-  // partition's input and prediction at once.
+  // In flight: clip holds its frames, rolling a window, fifo its queue of `steps` + 1 frames; each frame with its
+  // sampler history (UniPC keeps two earlier predictions). What one iteration's calls hold comes on top: their
+  // inputs and predictions (two with guidance) for the frames in a call, which for fifo are all of its partitions
+  // at once (predicted together so ranks can share them). Counted from the frames a call really has, never from
+  // the window alone: a one-frame clip of a model whose window is 1,024 frames holds one frame.
   const int64_t window = std::max<int64_t>(o.window, 1);
   const int64_t queue = std::max<int64_t>(o.sampler.steps, 1) + 1;
+  const int64_t finite_or = o.frames > 0 ? o.frames : std::numeric_limits<int64_t>::max();
   const int64_t held = o.schedule == ScheduleKind::fifo   ? queue
                        : o.schedule == ScheduleKind::clip ? std::max<int64_t>(o.frames, 1)
-                                                          : window;
-  const int64_t in_calls = o.schedule == ScheduleKind::fifo ? queue * 2 + window : window * 3;
+                                                          : std::min(window, finite_or);
+  const int64_t outputs = o.guidance > 1.0 ? 2 : 1;
   const size_t per_frame_state = o.sampler.kind == SamplerKind::unipc ? 3 : o.sampler.kind == SamplerKind::dpm ? 2 : 1;
-  return frame * (size_t(held) * per_frame_state + size_t(in_calls));
+  return frame * size_t(held) * (per_frame_state + 1 + size_t(outputs));
+}
+
+int64_t default_window(const DenoiserSpec& spec) {
+  return spec.native_frames > 0 ? std::min(spec.native_frames, spec.window) : spec.window;
 }
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
@@ -109,7 +116,8 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
       width_(width),
       frames_first_(model.spec().noise_frames_first),
       cpu_generator_(at::make_generator<at::CPUGeneratorImpl>(options.seed)),
-      executor_(executor ? std::move(executor) : make_local_executor()) {
+      executor_(executor ? std::move(executor) : make_local_executor()),
+      on_progress_(options.progress) {
   // Moved to the model once, not at every call.
   if (options.text.defined()) text_ = options.text.to(model.device(), model.dtype());
   if (options.negative_text.defined() && guided())
@@ -118,7 +126,10 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
 }
 
 std::vector<torch::Tensor> Denoising::predict(const std::vector<ModelCall>& calls) {
-  return executor_->run(*this, calls);
+  std::vector<torch::Tensor> out = executor_->run(*this, calls);
+  ++progress_.iteration;
+  if (on_progress_) on_progress_(progress_);
+  return out;
 }
 
 torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64_t>& steps) {
@@ -226,7 +237,7 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
                std::to_string(spec.height) + "x" + std::to_string(spec.width));
   if (o.height % spec.size_multiple != 0 || o.width % spec.size_multiple != 0)
     bad_option("latent height and width must be multiples of " + std::to_string(spec.size_multiple));
-  if (o.window == 0) o.window = spec.window;
+  if (o.window == 0) o.window = default_window(spec);
   if (o.window < spec.min_frames || o.window > spec.window)
     bad_option("window " + std::to_string(o.window) + ": the model takes " + std::to_string(spec.min_frames) + " to " +
                std::to_string(spec.window) + " latent frames per call");
@@ -293,6 +304,7 @@ void Generator::reset(uint64_t seed) {
       impl_->schedule = make_rolling_schedule(options_.frames, options_.window, options_.context);
       break;
   }
+  impl_->denoising.start_progress(impl_->schedule->iterations(impl_->sampler.steps()));
 }
 
 std::vector<GeneratedFrame> Generator::next() {

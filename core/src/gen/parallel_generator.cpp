@@ -120,7 +120,13 @@ std::vector<torch::Tensor> ParallelExecutor::exchange(const torch::Tensor& mine)
 void ParallelExecutor::failed(const std::exception_ptr& error) noexcept {
   // A report of another rank's failure: that rank has told everyone.
   if (is_peer_report(error)) return;
-  abort("rank " + std::to_string(rank_) + " (" + device_.str() + ") failed: " + what_of(error));
+  // An interrupt is no failure of the rank, but the others may wait in an exchange it will not reach: they are
+  // released all the same, told that it stopped (thread ranks then form their group again, see run()).
+  const std::string rank = "rank " + std::to_string(rank_) + " (" + device_.str() + ")";
+  if (is_interrupt(error))
+    abort(rank + " stopped: its generation was interrupted (a flush or a state change)");
+  else
+    abort(rank + " failed: " + what_of(error));
 }
 
 void ParallelExecutor::abort(const std::string& why) noexcept {
@@ -158,7 +164,7 @@ void check_plan(const ParallelPlan& plan, const GeneratorOptions& options, const
                std::to_string(heads) + " attention heads, so it must divide them; valid: " + valid);
     }
   }
-  const int64_t window = options.window > 0 ? options.window : spec.window;
+  const int64_t window = options.window > 0 ? options.window : default_window(spec);
   const int64_t calls = fifo_calls(options.schedule, options.sampler.steps, window);
   const int64_t evaluations = calls * (guided ? 2 : 1);
   if (options.schedule == ScheduleKind::fifo && plan.partitions > 1 && evaluations < plan.call_groups())
@@ -171,7 +177,7 @@ void check_plan(const ParallelPlan& plan, const GeneratorOptions& options, const
 ParallelPlan choose_plan(int devices, const DenoiserSpec& spec, double guidance, int64_t heads, ScheduleKind schedule,
                          int64_t steps, int64_t window) {
   if (steps <= 0) steps = spec.sampler.steps;
-  if (window <= 0) window = spec.window;
+  if (window <= 0) window = default_window(spec);
   const bool guided = guidance > 1.0 && spec.text_tokens > 0;
   const int64_t calls = fifo_calls(schedule, steps, window);
   // A split of n ranks into Ulysses x partitions that keeps each busy: fifo partitions where there are that many,
@@ -232,7 +238,9 @@ ParallelGenerator::ParallelGenerator(std::vector<std::shared_ptr<const Denoiser>
   for (int r = 0; r < ranks(); ++r) {
     auto executor = std::make_unique<ParallelExecutor>(plan_, r, denoisers_[size_t(r)]->device());
     executors_.push_back(executor.get());
-    generators_.push_back(std::make_unique<Generator>(denoisers_[size_t(r)], options, std::move(executor)));
+    GeneratorOptions rank_options = options;
+    if (r > 0) rank_options.progress = nullptr;  // every rank makes the same iterations: rank 0 tells them
+    generators_.push_back(std::make_unique<Generator>(denoisers_[size_t(r)], rank_options, std::move(executor)));
   }
   threads_ = std::make_unique<parallel::RankThreads>(ranks());
   regroup();

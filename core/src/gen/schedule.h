@@ -77,6 +77,8 @@ class Denoising {
   int64_t calls() const { return calls_; }
   // predict() throws Interrupted while this is set.
   void set_interrupted(bool on) { interrupted_ = on; }
+  // Starts counting iterations (predict() of a set of calls) for GeneratorOptions::progress from 0.
+  void start_progress(int64_t iterations) { progress_ = {0, iterations}; }
 
  private:
   const Denoiser& model_;
@@ -90,6 +92,8 @@ class Denoising {
   std::unique_ptr<CallExecutor> executor_;
   std::atomic<int64_t> calls_{0};  // read by stats from other threads
   std::atomic<bool> interrupted_{false};
+  std::function<void(const GeneratorProgress&)> on_progress_;
+  GeneratorProgress progress_;
 };
 
 class Schedule {
@@ -100,6 +104,9 @@ class Schedule {
   virtual std::vector<GeneratedFrame> advance(Denoising& d) = 0;
   virtual bool finished() const = 0;
   virtual size_t bytes() const = 0;
+  // The iterations (Denoising::predict of an iteration's calls) of the whole run with `steps` sampler steps; 0 for an
+  // endless run.
+  virtual int64_t iterations(int64_t steps) const = 0;
 };
 
 // `window` is checked against the denoiser by then; `frames` as in GeneratorOptions.

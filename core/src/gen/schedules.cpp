@@ -1,5 +1,6 @@
 // The three schedules. Each keeps only its window of latents (and the sampler's per-frame history), so memory is
 // the same at frame 10 and at frame 10 million.
+#include <algorithm>
 #include <deque>
 
 #include "gen/schedule.h"
@@ -35,6 +36,7 @@ class ClipSchedule final : public Schedule {
   }
   bool finished() const override { return done_; }
   size_t bytes() const override { return 0; }
+  int64_t iterations(int64_t steps) const override { return steps; }
 
  private:
   int64_t frames_;
@@ -95,6 +97,8 @@ class FifoSchedule final : public Schedule {
     return clean;
   }
   bool finished() const override { return frames_ > 0 && entered_ == frames_ && queue_.empty(); }
+  // A frame enters every iteration and leaves `steps` iterations later.
+  int64_t iterations(int64_t steps) const override { return frames_ > 0 ? frames_ + steps - 1 : 0; }
   size_t bytes() const override {
     size_t total = 0;
     for (const Slot& s : queue_) total += bytes_of(s.x) + s.history.bytes();
@@ -146,6 +150,13 @@ class RollingSchedule final : public Schedule {
   }
   bool finished() const override { return frames_ > 0 && made_ >= frames_; }
   size_t bytes() const override { return bytes_of(context_frames_); }
+  // The first window makes `window` frames, every later one window - context (min(context, window) carried).
+  int64_t iterations(int64_t steps) const override {
+    if (frames_ <= 0) return 0;
+    const int64_t later = window_ - std::min(context_, window_);
+    const int64_t rest = std::max<int64_t>(frames_ - window_, 0);
+    return steps * (1 + (rest + later - 1) / later);
+  }
 
  private:
   int64_t frames_, window_, context_;

@@ -39,6 +39,8 @@ constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kMaxLayers = 256;
 constexpr int64_t kMaxPatch = 16;
 constexpr int64_t kMaxWindow = 1024;
+// WanPipeline's num_frames: 81 video frames, 21 latents, the clip Wan 2.1 was trained on.
+constexpr int64_t kTrainedFrames = 21;
 
 struct WanConfig {
   int64_t pt = 1, ph = 2, pw = 2;
@@ -471,6 +473,7 @@ std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, co
   spec.channels = cfg.in_channels;
   spec.min_frames = 1;
   spec.window = std::min(kMaxWindow, cfg.rope_max_seq_len);
+  spec.native_frames = std::min<int64_t>(kTrainedFrames, spec.window);
   spec.size_multiple = std::lcm(cfg.ph, cfg.pw);
   spec.text_tokens = kTextTokens;
   spec.text_dim = cfg.text_dim;

@@ -17,7 +17,7 @@ namespace {
 // A denoiser whose prediction for each frame depends on that frame alone: sin(1.3 x) + 0.001 t. Each frame's
 // latents then follow the sampler's trajectory for that frame's noise whatever the schedule, which the tests
 // recompute frame by frame. It records every call's timesteps.
-class PerFrameDenoiser final : public Denoiser {
+class PerFrameDenoiser : public Denoiser {
  public:
   PerFrameDenoiser(Prediction prediction, int64_t window, int64_t text_tokens = 0)
       : Denoiser(spec_for(prediction, window, text_tokens), LoadOptions{}) {}
@@ -392,6 +392,98 @@ TEST(Generator, OptionsThatDoNotFitAreNamed) {
   EXPECT_NE(option_error(nullptr, o).find("no denoiser"), std::string::npos);
   EXPECT_EQ(parse_schedule_kind("rolling"), ScheduleKind::rolling);
   EXPECT_THROW(parse_schedule_kind("diagonal"), std::invalid_argument);
+}
+
+// Progress comes after every iteration with the run's total, the last one saying the run is complete, and starts
+// over after a reset; an endless run has no total.
+TEST(Generator, ProgressCountsEveryIterationOfTheRun) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  struct Run {
+    ScheduleKind kind;
+    int64_t frames, steps, total;
+  } runs[] = {{ScheduleKind::clip, 3, 4, 4},
+              {ScheduleKind::fifo, 5, 4, 8},
+              {ScheduleKind::rolling, 10, 3, 9},  // windows of 4, 3 and 3 new frames
+              {ScheduleKind::rolling, 2, 3, 3}};
+  for (const Run& r : runs) {
+    GeneratorOptions o = options(r.kind, SamplerKind::euler, r.steps, r.frames);
+    o.context = 1;
+    std::vector<GeneratorProgress> seen;
+    o.progress = [&](const GeneratorProgress& p) { seen.push_back(p); };
+    Generator g(model, o);
+    run_all(g);
+    ASSERT_EQ(int64_t(seen.size()), r.total) << schedule_kind_name(r.kind) << " " << r.frames;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      EXPECT_EQ(seen[i].iteration, int64_t(i) + 1);
+      EXPECT_EQ(seen[i].iterations, r.total);
+    }
+    seen.clear();
+    g.reset();
+    g.next();
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.front().iteration, 1);
+  }
+  GeneratorOptions endless = options(ScheduleKind::fifo, SamplerKind::euler, 4, 0);
+  int64_t total = -1;
+  endless.progress = [&](const GeneratorProgress& p) { total = p.iterations; };
+  Generator g(model, endless);
+  g.next();
+  EXPECT_EQ(total, 0);
+}
+
+// A model whose positions reach far beyond the clip it was trained on (Wan: 1,024 latent frames, trained on 21)
+// runs its trained clip by default, never one call of its whole window.
+TEST(Generator, DefaultWindowIsTheTrainedClip) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 1024);
+  DenoiserSpec spec = model->spec();
+  EXPECT_EQ(default_window(spec), 1024);  // nothing declared: the window
+  spec.native_frames = 21;
+  EXPECT_EQ(default_window(spec), 21);
+  spec.native_frames = 2000;
+  EXPECT_EQ(default_window(spec), 1024);  // never past what the model takes
+
+  struct Trained final : PerFrameDenoiser {
+    Trained() : PerFrameDenoiser(Prediction::flow, 1024) { spec_.native_frames = 21; }
+  };
+  auto trained = std::make_shared<Trained>();
+  Generator fifo(trained, options(ScheduleKind::fifo, SamplerKind::euler, 4, 0));
+  EXPECT_EQ(fifo.options().window, 21);
+  GeneratorOptions o = options(ScheduleKind::rolling, SamplerKind::euler, 4, 0);
+  o.context = 2;
+  Generator rolling(trained, o);
+  EXPECT_EQ(rolling.options().window, 21);
+}
+
+// The memory pre-check counts the frames a run holds and calls, not the window: a one-frame clip of a model with
+// a 1,024-frame window holds one frame, and a long clip more than a short one.
+TEST(GeneratorMemory, LowerBoundCountsTheFramesOfTheRun) {
+  GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::euler, 4, 1);
+  o.height = 60;
+  o.width = 104;
+  const size_t frame = 16 * 60 * 104 * sizeof(float);
+  o.window = 1;
+  const size_t one = Generator::latent_bytes_lower_bound(o, 16);
+  o.window = 1024;
+  EXPECT_EQ(Generator::latent_bytes_lower_bound(o, 16), one);
+  EXPECT_LE(one, 4 * frame);  // the latents, their input to the call and one prediction
+  o.frames = 1000;
+  EXPECT_EQ(Generator::latent_bytes_lower_bound(o, 16), 1000 * one);
+  o.guidance = 5.0;  // the unconditional prediction too
+  EXPECT_EQ(Generator::latent_bytes_lower_bound(o, 16), 1000 * (one + frame));
+  // rolling holds a window; an endless run is not a window of infinity.
+  o = options(ScheduleKind::rolling, SamplerKind::euler, 4, 0);
+  o.height = 60;
+  o.width = 104;
+  o.window = 21;
+  EXPECT_EQ(Generator::latent_bytes_lower_bound(o, 16), 21 * one);
+  o.frames = 3;
+  EXPECT_EQ(Generator::latent_bytes_lower_bound(o, 16), 3 * one);
+  // fifo: its queue of steps + 1 frames.
+  o = options(ScheduleKind::fifo, SamplerKind::euler, 4, 0);
+  o.height = 60;
+  o.width = 104;
+  o.window = 1024;
+  EXPECT_EQ(Generator::latent_bytes_lower_bound(o, 16), 5 * one);
 }
 
 // 2,000 latent frames through the tiny exported Wan transformer: after warm-up the generator keeps the same bytes

@@ -195,6 +195,9 @@ TEST(WanTransformer, Spec) {
   EXPECT_EQ(s.channels, 16);
   EXPECT_EQ(s.min_frames, 1);
   EXPECT_EQ(s.window, 1024);
+  // A run without a window is WanPipeline's clip: 81 frames, not the 4,093 the positions allow.
+  EXPECT_EQ(s.native_frames, 21);
+  EXPECT_EQ(default_window(s), 21);
   EXPECT_EQ(s.height, 0);
   EXPECT_EQ(s.size_multiple, 2);
   EXPECT_EQ(s.text_tokens, 512);

@@ -27,6 +27,9 @@ struct DenoiserSpec {
   // Latent frames per call: at least min_frames, at most window.
   int64_t min_frames = 1;
   int64_t window = 1;
+  // The clip length it was trained on, in latent frames: the window a run takes when none is set, so a default run
+  // is the model's own (Wan 2.1: 21 latents, 81 frames, where its positions reach 1,024). 0: the window.
+  int64_t native_frames = 0;
   // The latent height and width it takes; 0 where any multiple of size_multiple is accepted.
   int64_t height = 0;
   int64_t width = 0;

@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -25,9 +26,19 @@ enum class ScheduleKind { clip, fifo, rolling };
 // How an iteration's model calls are run; the core's own (gen/schedule.h).
 class CallExecutor;
 
+// The latent frames per model call of a run that sets none: the model's trained clip where it declares one.
+int64_t default_window(const DenoiserSpec& spec);
+
 // "clip", "fifo", "rolling"; throws std::invalid_argument listing the names.
 ScheduleKind parse_schedule_kind(const std::string& name);
 const char* schedule_kind_name(ScheduleKind kind);
+
+// How far a run is, after each of its denoising iterations: a step of the clip, an iteration of fifo's queue, a
+// step of a rolling window.
+struct GeneratorProgress {
+  int64_t iteration = 0;   // iterations done since the start or the last reset
+  int64_t iterations = 0;  // in the whole run; 0 for an endless one
+};
 
 struct GeneratorOptions {
   ScheduleKind schedule = ScheduleKind::clip;
@@ -38,7 +49,7 @@ struct GeneratorOptions {
   // Latent height and width; 0 takes the denoiser's.
   int64_t height = 0;
   int64_t width = 0;
-  // Latent frames per model call; 0 takes the denoiser's window.
+  // Latent frames per model call; 0 takes default_window(the denoiser's spec).
   int64_t window = 0;
   int64_t context = 0;  // rolling: clean frames carried into each window (< window)
   // Classifier-free guidance: prediction = uncond + guidance * (cond - uncond), uncond from negative_text. On only
@@ -52,6 +63,9 @@ struct GeneratorOptions {
   // clip only: the starting noise [1, C, frames, h, w] instead of the seeded draw, e.g. a reference pipeline's
   // latents= to reproduce its run. Any device and floating dtype; it is copied to float32 on the model's device.
   torch::Tensor initial_noise;
+  // Called on the generating thread after every iteration, so a run of minutes shows how far it is before its
+  // first frame. Ranks of a group call it on rank 0 only.
+  std::function<void(const GeneratorProgress&)> progress;
 };
 
 // Thrown by Generator::next() when interrupt() stopped it; the generator is as it was before that call.
