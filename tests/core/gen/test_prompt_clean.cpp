@@ -91,11 +91,15 @@ std::unique_ptr<T5Tokenizer> fixture_tokenizer(const char* env, std::string& why
 }
 
 // Prompts of a few kB whose kept ids end somewhere inside: html references, mojibake, quotes, long lines and
-// short ones, runs of whitespace, tabs, literal special tokens, words with no space for a while.
+// short ones, runs of whitespace, tabs, literal special tokens, words with no space for a while, and a '<' at the
+// end of a long line that changes how ftfy fixes all of it.
 std::vector<std::string> long_prompts() {
   std::vector<std::string> out;
-  std::string a, b, c, d;
+  std::string a, b, c, d, e;
   for (int i = 0; i < 60; ++i) {
+    // ftfy decodes "&EACUTE;" and the mojibake "&Atilde;&copy;" only on lines without a '<': here the line's '<'
+    // comes last.
+    e += "P&EACUTE;REZ word caf&Atilde;&copy; " + std::to_string(i) + " ";
     a += "A red fox &amp;amp; a \xe2\x80\x9c"
          "caf\xc3\x83\xc2\xa9\xe2\x80\x9d runs </s> through snow &lt;b&gt; ";
     b += "line " + std::to_string(i) +
@@ -103,7 +107,8 @@ std::vector<std::string> long_prompts() {
     c += "zzqqjxyzzzqq" + std::string(i % 7, 'x') + (i % 5 ? " " : "  \xc2\xa0 ") + "<pad>e\xcc\x81 &#x263A;";
     d += std::string(37, 'q') + "&eacute" + (i % 3 ? " " : "\n") + "<b>" + std::to_string(i * 7919) + " ";
   }
-  return {a, b, c, d};
+  e += "<end>";
+  return {a, b, c, d, e};
 }
 
 void expect_prefix_reading_exact(const T5Tokenizer& tok, const PrefixReader& read,
