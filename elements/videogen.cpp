@@ -398,8 +398,11 @@ std::unique_ptr<Frames> make_process_rank(const std::shared_ptr<const latent::De
         "ulysses across processes is not supported; use cfg and partitions between "
         "processes, or devices= (ranks as threads) for ulysses within a machine");
   GST_INFO_OBJECT(element, "rank %d of %d processes: %s", env.rank, env.world, latent::describe_plan(plan).c_str());
-  latent::parallel::RankComms comms = latent::parallel::join_tcp(env.host, env.port, env.rank, env.world,
-                                                                 model->device(), latent::gst::group_options(s.model));
+  // The generator exchanges no halo rows: its group forms the collectives' communicator alone.
+  latent::parallel::GroupOptions group = latent::gst::group_options(s.model);
+  group.halo_exchange = false;
+  latent::parallel::RankComms comms =
+      latent::parallel::join_tcp(env.host, env.port, env.rank, env.world, model->device(), group);
   auto rank = latent::make_rank_generator(model, o, plan, comms.collectives);
   return std::make_unique<Frames>(std::move(rank), std::move(comms));
 }
@@ -838,16 +841,9 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     GST_OBJECT_LOCK(self);
     Settings settings = s.settings;
     GST_OBJECT_UNLOCK(self);
-    // Under torchrun each process takes its own GPU, as torchrun's LOCAL_RANK says, unless a device is named.
-    if (settings.model.devices.empty() && latent::parallel::LaunchEnv::present() &&
-        (settings.model.device == "auto" || settings.model.device == "cuda") && torch::cuda::is_available()) {
-      try {
-        settings.model.device = "cuda:" + std::to_string(latent::parallel::LaunchEnv::read().local_rank);
-      } catch (const std::exception& e) {
-        GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s", e.what()), ("the torchrun environment"));
-        return GST_STATE_CHANGE_FAILURE;
-      }
-    }
+    // Under torchrun each process takes its own GPU, as torchrun's LOCAL_RANK says, unless a device is named: the
+    // same rule as the VAE elements', so a process's transformer and VAE share its GPU.
+    if (!latent::gst::place_on_local_rank(element, settings.model)) return GST_STATE_CHANGE_FAILURE;
     // One denoiser per device (ranks on one device share it), rank 0's first.
     bool loaded = true;
     std::map<std::string, std::shared_ptr<const latent::Denoiser>> by_device;

@@ -270,7 +270,7 @@ TEST(ParallelPlan, PlansThatDoNotFitAreNamed) {
     return "(accepted)";
   };
   const auto fifo = small_options(ScheduleKind::fifo);
-  EXPECT_NE(error(fifo, {.cfg = 2}, 2).find("guidance 1"), std::string::npos);
+  EXPECT_NE(error(fifo, {.cfg = 2}, 2).find("with guidance <= 1"), std::string::npos);
   EXPECT_NE(error(fifo, {.partitions = 4}, 4).find("makes 3 model calls per iteration"), std::string::npos);
   EXPECT_NE(error(fifo, {.partitions = 2}, 3).find("needs 2 denoisers"), std::string::npos);
   EXPECT_NE(error(fifo, {.partitions = 0}, 1).find(">= 1"), std::string::npos);
