@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes core/src/gen/ftfy_tables.inc: the character data the C++ Wan prompt cleaning needs to do what
+"""Writes core/src/gen/text/ftfy_tables.inc: the character data the C++ Wan prompt cleaning needs to do what
 ftfy.fix_text (default configuration) does before diffusers' prompt_clean unescapes html: Unicode's canonical
 decompositions, combining classes and compositions (NFC, from Python's unicodedata), and the maps ftfy builds
 from Unicode (full/half width forms, Latin ligatures, control characters, upper-case html entities, the quote and
 mojibake patterns), read from the installed ftfy so both sides use one version.
 
-Usage: .venv/bin/python tools/gen_ftfy_tables.py > core/src/gen/ftfy_tables.inc   (Python 3.11, ftfy as pinned in
+Usage: .venv/bin/python tools/gen_ftfy_tables.py > core/src/gen/text/ftfy_tables.inc   (Python 3.11, ftfy as pinned in
 tools/requirements.txt)
 """
 import html

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes core/src/gen/html_entities.inc: the tables Python's html.unescape() and str.isspace() use, so the C++
+"""Writes core/src/gen/text/html_entities.inc: the tables Python's html.unescape() and str.isspace() use, so the C++
 prompt cleaning of the Wan pipeline (diffusers' prompt_clean) matches Python character for character.
 
-Usage: python3 tools/gen_html_entities.py > core/src/gen/html_entities.inc   (any Python 3.11+)
+Usage: python3 tools/gen_html_entities.py > core/src/gen/text/html_entities.inc   (any Python 3.11+)
 """
 import html
 import html.entities

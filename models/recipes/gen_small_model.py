@@ -3,7 +3,7 @@
 
 A small factorised video denoiser in the latents of the default VAE (latent-tiny-wan: 16 channels, 128x128 video
 -> 16x16 latents). It takes one noise level per latent frame and predicts the flow velocity (noise - x0); it has
-no text conditioning. core/src/gen/small_denoiser.cpp runs the same network in C++ from the file save() writes;
+no text conditioning. core/src/gen/models/small_denoiser.cpp runs the same network in C++ from the file save() writes;
 tests/core/gen/test_small_denoiser.cpp compares the two (fixtures: tests/fixtures/gen_small_denoiser_fixtures.py).
 
     .venv/bin/python models/recipes/gen_small_model.py --random OUT.safetensors [--seed N]   # random weights, for tests

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "gen/schedule.h"
+#include "gen/sampling/schedule.h"
 #include "latent/runtime/devices.h"
 
 namespace latent {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "gen/schedule.h"
+#include "gen/sampling/schedule.h"
 #include "latent/gen/parallel_generator.h"
 
 namespace latent {

@@ -1,4 +1,4 @@
-// The native CogVideoX transformer (core/src/gen/cogvideox_transformer.cpp) against diffusers'
+// The native CogVideoX transformer (core/src/gen/models/cogvideox_transformer.cpp) against diffusers'
 // CogVideoXTransformer3DModel and CogVideoXPipeline on tiny random-weight pipeline folders
 // (tests/fixtures/gen_cogvideox_transformer_fixtures.py), its folder layouts, and the errors bad input gives.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <functional>
 
-#include "gen/backends.h"
+#include "gen/models/backends.h"
 #include "io/json.h"
 #include "latent/gen/denoiser.h"
 #include "latent/gen/generator.h"

@@ -12,8 +12,8 @@
 #include <memory>
 #include <sstream>
 
-#include "gen/prompt_clean.h"
-#include "gen/t5_tokenizer.h"
+#include "gen/text/prompt_clean.h"
+#include "gen/text/t5_tokenizer.h"
 #include "io/json.h"
 #include "latent/io/weights.h"
 

@@ -1,4 +1,4 @@
-// The native latent-gen-small denoiser (core/src/gen/small_denoiser.cpp) against its PyTorch module
+// The native latent-gen-small denoiser (core/src/gen/models/small_denoiser.cpp) against its PyTorch module
 // (models/recipes/gen_small_model.py) on random weights, its causality, and the errors a damaged file gives.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <functional>
 
-#include "gen/backends.h"
+#include "gen/models/backends.h"
 #include "io/json.h"
 #include "latent/gen/denoiser.h"
 #include "latent/io/weights.h"

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "gen/t5_encoder.h"
+#include "gen/text/t5_encoder.h"
 #include "io/json.h"
 #include "latent/gen/text_encoder.h"
 #include "latent/io/weights.h"

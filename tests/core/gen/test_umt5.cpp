@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "gen/prompt_clean.h"
+#include "gen/text/prompt_clean.h"
 #include "io/json.h"
 #include "latent/gen/text_encoder.h"
 #include "latent/io/weights.h"

@@ -1,4 +1,4 @@
-// The native Wan 2.1 transformer (core/src/gen/wan_transformer.cpp) against diffusers' WanTransformer3DModel on a
+// The native Wan 2.1 transformer (core/src/gen/models/wan_transformer.cpp) against diffusers' WanTransformer3DModel on a
 // tiny random-weight pipeline folder (tests/fixtures/gen_wan_transformer_fixtures.py), its folder layouts, and the
 // errors a damaged folder gives.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <functional>
 
-#include "gen/backends.h"
+#include "gen/models/backends.h"
 #include "io/json.h"
 #include "latent/gen/denoiser.h"
 #include "latent/gen/generator.h"

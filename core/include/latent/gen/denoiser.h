@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "latent/gen/sampler.h"
 #include "latent/vae/vae.h"
@@ -103,7 +104,32 @@ class Denoiser {
                         Body&& body) const;
 };
 
-// A `.pt2` package (tools/export_denoiser.py) or native weights. Throws ModelError naming the file and the defect.
-std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options = {});
+// A LoRA merged into a transformer's weights at load, applied with weight `scale` (diffusers' set_adapters weight).
+struct LoraFile {
+  std::filesystem::path path;
+  double scale = 1.0;
+};
+
+// What replaces or edits the weights a model folder holds for one of its transformers.
+struct WeightEdits {
+  // Weights in place of the folder's: diffusers or the original (Wan-AI) layout, safetensors (single or sharded
+  // with an index) or a torch checkpoint; the folder's config still describes the network.
+  std::filesystem::path transformer_weights;
+  std::vector<LoraFile> loras;  // merged in order
+  bool empty() const { return transformer_weights.empty() && loras.empty(); }
+};
+
+// Edits for a folder's `transformer` and, for a two-expert folder (Wan 2.2 A14B), its `transformer_2`.
+struct DenoiserFiles {
+  WeightEdits first, second;
+};
+
+// "FILE:SCALE[,FILE:SCALE...]" (":SCALE" optional, 1) as a list; std::invalid_argument naming the bad entry.
+std::vector<LoraFile> parse_lora_list(const std::string& text);
+
+// A `.pt2` package (tools/export_denoiser.py), a diffusers folder or native weights. Throws ModelError naming the
+// file and the defect (also for edits a model cannot take).
+std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options = {},
+                                        const DenoiserFiles& files = {});
 
 }  // namespace latent

@@ -4,9 +4,9 @@
 
 #include <optional>
 
-#include "gen/prompt_clean.h"
-#include "gen/t5_encoder.h"
-#include "gen/t5_tokenizer.h"
+#include "gen/text/prompt_clean.h"
+#include "gen/text/t5_encoder.h"
+#include "gen/text/t5_tokenizer.h"
 #include "io/json.h"
 #include "io/weight_files.h"
 #include "latent/io/weights.h"

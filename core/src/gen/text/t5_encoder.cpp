@@ -1,4 +1,4 @@
-#include "gen/t5_encoder.h"
+#include "gen/text/t5_encoder.h"
 
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/torch.h>

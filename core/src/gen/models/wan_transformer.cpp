@@ -18,9 +18,10 @@
 #include <set>
 #include <sstream>
 
-#include "gen/backends.h"
-#include "gen/diffusers_folder.h"
-#include "gen/sequence_parallel.h"
+#include "gen/models/backends.h"
+#include "gen/models/diffusers_folder.h"
+#include "gen/models/sequence_parallel.h"
+#include "gen/models/wan_weights.h"
 #include "io/weight_files.h"
 #include "latent/io/safetensors.h"
 #include "memory/residency.h"
@@ -463,7 +464,8 @@ class WanTransformer : public Denoiser {
 
 }  // namespace
 
-std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt) {
+std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt,
+                                               const DenoiserFiles& files) {
   const WanConfig cfg = parse_config(folder.config, folder.config_file.string());
 
   DenoiserSpec spec;
@@ -482,7 +484,7 @@ std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, co
   spec.native_height = 60;  // 480x832 video
   spec.native_width = 104;
 
-  WeightSource src = read_safetensors_folder(folder.transformer, "diffusion_pytorch_model");
+  WeightSource src = wan_transformer_weights(folder.transformer, files.first);
   auto model = std::make_shared<WanTransformer>(cfg, std::move(spec), src, opt);
   settle_residency(src);
   return model;

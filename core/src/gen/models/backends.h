@@ -1,4 +1,4 @@
-// The denoiser backends load_denoiser() chooses from (core/src/gen/denoiser.cpp).
+// The denoiser backends load_denoiser() chooses from (core/src/gen/models/denoiser.cpp).
 #pragma once
 
 #include <filesystem>
@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "gen/diffusers_folder.h"
+#include "gen/models/diffusers_folder.h"
 #include "latent/gen/denoiser.h"
 #include "latent/io/weights.h"
 
@@ -20,17 +20,19 @@ using MetadataLookup = std::function<const std::string*(const std::string& key)>
 void read_optional_contract(DenoiserSpec& spec, const MetadataLookup& find, const std::string& where,
                             const std::string& prefix);
 
-// gen/aoti_denoiser.cpp: a .pt2 package from tools/export_denoiser.py.
+// gen/models/aoti_denoiser.cpp: a .pt2 package from tools/export_denoiser.py.
 std::shared_ptr<Denoiser> load_aoti_denoiser(const std::filesystem::path& path, const LoadOptions& opt);
 
-// gen/small_denoiser.cpp: latent-gen-small, the native default generator's architecture.
+// gen/models/small_denoiser.cpp: latent-gen-small, the native default generator's architecture.
 bool is_small_denoiser(const WeightSource& src);
 std::shared_ptr<Denoiser> make_small_denoiser(const WeightSource& src, const LoadOptions& opt);
 
 // Natively run diffusers transformers, chosen by the "_class_name" of the folder's transformer config
-// (gen/diffusers_folder.h finds it): gen/wan_transformer.cpp and gen/cogvideox_transformer.cpp.
-std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt);
-std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt);
+// (gen/models/diffusers_folder.h finds it): gen/models/wan_transformer.cpp and gen/models/cogvideox_transformer.cpp.
+std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt,
+                                               const DenoiserFiles& files);
+std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt,
+                                                     const DenoiserFiles& files);
 // The position tables a native CogVideoX denoiser keeps for latents of frames x height x width (the sin-cos
 // positions, or RoPE's cos and sin), without making them: empty where it keeps none. For tests of the cache.
 std::vector<torch::Tensor> cogvideox_cached_tables(const Denoiser& model, int64_t frames, int64_t height,

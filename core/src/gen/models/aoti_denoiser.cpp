@@ -10,7 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "gen/backends.h"
+#include "gen/models/backends.h"
 #include "io/numbers.h"
 #include "latent/io/weights.h"
 #include "latent/runtime/devices.h"

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "gen/backends.h"
+#include "gen/models/backends.h"
 #include "io/numbers.h"
 #include "latent/io/weights.h"
 #include "latent/parallel/comm.h"
@@ -40,7 +40,7 @@ void check_latents(const DenoiserSpec& spec, const torch::Tensor& x) {
 // The native diffusers transformers by their config's "_class_name".
 struct DiffusersFamily {
   const char* config_class;
-  std::shared_ptr<Denoiser> (*load)(const DiffusersFolder&, const LoadOptions&);
+  std::shared_ptr<Denoiser> (*load)(const DiffusersFolder&, const LoadOptions&, const DenoiserFiles&);
 };
 constexpr DiffusersFamily kDiffusersFamilies[] = {
     {"WanTransformer3DModel", load_wan_transformer},
@@ -137,18 +137,21 @@ torch::Tensor Denoiser::run_sequence_parallel(const torch::Tensor&, const torch:
   throw std::logic_error("denoiser (" + spec_.backend + ") declares attention heads but has no sequence parallel run");
 }
 
-std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options) {
-  if (path.extension() == ".pt2") return load_aoti_denoiser(path, options);
+std::shared_ptr<Denoiser> load_denoiser(const std::filesystem::path& path, const LoadOptions& options,
+                                        const DenoiserFiles& files) {
   if (is_diffusers_folder(path)) {
     const DiffusersFolder folder = read_diffusers_folder(path);
     std::string known;
     for (const auto& family : kDiffusersFamilies) {
-      if (folder.transformer_class == family.config_class) return family.load(folder, options);
+      if (folder.transformer_class == family.config_class) return family.load(folder, options, files);
       known += (known.empty() ? "" : ", ") + std::string(family.config_class);
     }
     throw ModelError(folder.config_file.string() + ": transformer \"" + folder.transformer_class +
                      "\" is not supported natively (supported: " + known + ")");
   }
+  if (!files.first.empty() || !files.second.empty())
+    throw ModelError(path.string() + ": transformer weights and LoRAs apply to diffusers Wan folders only");
+  if (path.extension() == ".pt2") return load_aoti_denoiser(path, options);
   WeightSource src = read_weights(path);
   if (is_small_denoiser(src)) return make_small_denoiser(src, options);
   throw ModelError(path.string() +

@@ -1,4 +1,4 @@
-#include "gen/t5_tokenizer.h"
+#include "gen/text/t5_tokenizer.h"
 
 #include <algorithm>
 #include <map>

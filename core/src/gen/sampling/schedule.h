@@ -1,5 +1,5 @@
 // The pieces of a Generator: what every schedule shares (guided model calls, the seeded noise stream) and the
-// schedules themselves (gen/schedules.cpp).
+// schedules themselves (gen/sampling/schedules.cpp).
 #pragma once
 
 #include <torch/types.h>

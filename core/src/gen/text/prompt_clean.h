@@ -5,7 +5,7 @@
 #pragma once
 #include <string>
 
-#include "gen/t5_tokenizer.h"
+#include "gen/text/t5_tokenizer.h"
 
 namespace latent {
 

@@ -16,7 +16,7 @@
 #include <optional>
 #include <set>
 
-#include "gen/backends.h"
+#include "gen/models/backends.h"
 #include "io/json.h"
 #include "io/numbers.h"
 #include "memory/residency.h"

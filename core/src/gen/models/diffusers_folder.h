@@ -1,6 +1,6 @@
 // What every natively run diffusers transformer shares in its files: where a pipeline folder keeps the transformer
 // and the scheduler, which classes they name, and checked, typed access to their config.json. The families
-// (gen/wan_transformer.cpp, gen/cogvideox_transformer.cpp) read their own keys through ConfigReader.
+// (gen/models/wan_transformer.cpp, gen/models/cogvideox_transformer.cpp) read their own keys through ConfigReader.
 #pragma once
 
 #include <filesystem>

@@ -17,9 +17,9 @@
 #include <sstream>
 #include <tuple>
 
-#include "gen/backends.h"
-#include "gen/diffusers_folder.h"
-#include "gen/sequence_parallel.h"
+#include "gen/models/backends.h"
+#include "gen/models/diffusers_folder.h"
+#include "gen/models/sequence_parallel.h"
 #include "io/weight_files.h"
 #include "memory/residency.h"
 
@@ -476,7 +476,10 @@ std::vector<torch::Tensor> cogvideox_cached_tables(const Denoiser& model, int64_
   return cog->cached_tables(key).value_or(std::vector<torch::Tensor>{});
 }
 
-std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt) {
+std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt,
+                                                     const DenoiserFiles& files) {
+  if (!files.first.empty() || !files.second.empty())
+    throw ModelError(folder.config_file.string() + ": transformer weights and LoRAs apply to Wan folders only");
   if (!folder.pipeline_class.empty() && folder.pipeline_class != "CogVideoXPipeline")
     throw ModelError(folder.transformer.parent_path().string() + ": pipeline \"" + folder.pipeline_class +
                      "\" is not supported: only CogVideoXPipeline (text to video) runs natively");

@@ -1,4 +1,4 @@
-#include "gen/prompt_clean.h"
+#include "gen/text/prompt_clean.h"
 
 #include <algorithm>
 #include <array>
@@ -21,7 +21,7 @@ struct InvalidCharref {
   uint32_t num;
   const char* value;
 };
-#include "gen/html_entities.inc"
+#include "gen/text/html_entities.inc"
 
 struct CombiningClass {
   char32_t cp;
@@ -59,7 +59,7 @@ struct Charmap {
   char32_t sub;        // what byte 0x1A decodes to (U+FFFD in ftfy's sloppy codecs)
   char32_t high[128];  // bytes 0x80..0xFF; 0 where the encoding leaves the byte undefined
 };
-#include "gen/ftfy_tables.inc"
+#include "gen/text/ftfy_tables.inc"
 
 // The code point at s[i], i moved past it; throws ModelError where s is not UTF-8 there.
 uint32_t next_utf8(std::string_view s, size_t& i) {

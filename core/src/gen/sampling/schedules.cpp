@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <deque>
 
-#include "gen/schedule.h"
+#include "gen/sampling/schedule.h"
 
 namespace latent {
 namespace {

@@ -1,5 +1,5 @@
 // Locating the pieces of a diffusers folder and reading their configs.
-#include "gen/diffusers_folder.h"
+#include "gen/models/diffusers_folder.h"
 
 #include "io/weight_files.h"
 #include "latent/io/weights.h"
