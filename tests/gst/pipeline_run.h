@@ -6,6 +6,7 @@
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -40,17 +41,30 @@ inline void run(const std::string& desc, Out& out, GstClockTime timeout = 120 * 
   GstBus* bus = gst_element_get_bus(pipeline);
   GstStateChangeReturn sret = gst_element_set_state(pipeline, GST_STATE_PLAYING);
   GstMessage* msg = nullptr;
+  const GstMessageType ends = GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR);
   if (sret != GST_STATE_CHANGE_FAILURE && sink) {
-    // Pull on this thread so the buffers are ours in order.
-    for (;;) {
-      GstSample* s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), timeout);
-      if (!s) break;
+    // Pull on this thread so the buffers are ours in order, until the sink's EOS. A stream that fails may never
+    // send one, so the bus is looked at between pulls: once it holds an ERROR, what is still on its way gets a
+    // short wait, not `timeout` (a failing run took 120 s more for nothing).
+    GstAppSink* appsink = GST_APP_SINK(sink);
+    const auto keep = [&](GstSample* s) {
       if (!out.caps) out.caps = gst_caps_ref(gst_sample_get_caps(s));
       out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
       gst_sample_unref(s);
+    };
+    gint64 wait_us = gint64(timeout / GST_USECOND);
+    gint64 deadline = g_get_monotonic_time() + wait_us;  // since the last sample, as one long pull would wait
+    while (!gst_app_sink_is_eos(appsink) && g_get_monotonic_time() < deadline) {
+      if (GstSample* s = gst_app_sink_try_pull_sample(appsink, 20 * GST_MSECOND)) {
+        keep(s);
+        deadline = g_get_monotonic_time() + wait_us;
+      } else if (!msg && (msg = gst_bus_pop_filtered(bus, ends)) && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
+        wait_us = 2 * G_USEC_PER_SEC;
+        deadline = std::min(deadline, g_get_monotonic_time() + wait_us);
+      }
     }
   }
-  msg = gst_bus_timed_pop_filtered(bus, timeout, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  if (!msg) msg = gst_bus_timed_pop_filtered(bus, timeout, ends);
   fail_unless(msg != nullptr, "pipeline neither ended nor failed: %s", desc.c_str());
   if (GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
     GError* e = nullptr;
