@@ -239,6 +239,9 @@ def main(argv=None):
                    help="with --generate: instead, the native Wan 2.1 denoiser (a random-weight diffusers folder "
                         "made at bench time) through the clip schedule against diffusers' WanPipeline, with and "
                         "without guidance: time per step, peak RSS, final latents compared")
+    p.add_argument("--model", choices=sorted(native_generation.MODELS), default="",
+                   help="with --generate --native: the folder's model: wan2.1 (default; small width) or ti2v (Wan 2.2 "
+                        "TI2V-5B's full width, 48-channel latents and expand_timesteps, 2 layers; default 3 steps)")
     p.add_argument("--devices", default="", metavar="D,D[,...]",
                    help="with --generate: instead, one stream on these ranks (threads of one process, e.g. cpu,cpu) "
                         "against one device on the same work: cfg 2 (guided native Wan clip), Ulysses (unguided "
@@ -265,7 +268,8 @@ def main(argv=None):
     p.add_argument("--rank-threads", type=int, default=0,
                    help="--generate --devices: threads per rank (default 1; OMP_NUM_THREADS of the process)")
     p.add_argument("--steps", type=int, default=0,
-                   help="--generate --native / --devices: sampler steps per clip (default 5 / 4)")
+                   help="--generate --native / --devices: sampler steps per clip (default 5, 3 with --model ti2v / "
+                        "4)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (default: all cores)")
     p.add_argument("--repeat", type=int, default=0, help="measurements per side and case (default: the mode's)")
     p.add_argument("--timeout", type=int, default=0, help="seconds before one measurement is given up")
@@ -311,6 +315,8 @@ def main(argv=None):
         p.error("--native and --devices go with --generate")
     if args.native and args.devices:
         p.error("--native and --devices are different runs")
+    if args.model and not args.native:
+        p.error("--model goes with --generate --native")
     if args.spatial:
         if mode_name != "memory":
             p.error("--spatial goes with --memory")

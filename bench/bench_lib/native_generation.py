@@ -10,6 +10,11 @@ folder's UniPC for --steps steps, with guidance (two calls a step) and without. 
 process; the sides alternate and swap order every repetition. Reported: time per step (median over the steps of
 every run), peak RSS of the process, and the largest difference of the final latents relative to diffusers'
 largest value, which shows the two timed the same computation.
+
+--model ti2v: the same bench on a Wan 2.2 TI2V-5B-shaped folder (TI2V_CONFIG: the 5B's full width and 48-channel
+latents, fewer layers), whose model_index.json sets expand_timesteps and whose vae/config.json is the Wan 2.2 VAE's
+(no VAE weights: the denoiser only needs the latent space the config names). diffusers' WanPipeline then runs its
+per-token timestep path ([B, seq] timesteps); the runner reports the timestep shape it saw.
 """
 import hashlib
 import json
@@ -39,16 +44,47 @@ NEGATIVE_TOKENS = 126
 LATENTS, HEIGHT, WIDTH = 9, 16, 16  # 33 frames of 128x128: 576 tokens against the text's 512
 NOISE_SEED = 42
 
+# Wan 2.2 TI2V-5B's transformer config but for its depth: 2 of its 30 layers. Each layer of the 5B is 164 M
+# parameters (0.66 GB in float32) and the embeddings and head another 90 M, so 2 layers are 418 M (1.7 GB): what
+# sets the count is time, not memory (4 layers would peak at about 3 GB native and 6 GB in diffusers, which builds
+# the module and then loads the file into it): on 2 shared cores a full-width layer costs about 3 s per model call
+# at 576 tokens, and the bench makes repeat x (1 + 2) x steps calls a side (without guidance, then with it).
+TI2V_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=24, attention_head_dim=128, in_channels=48,
+                   out_channels=48, text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=2, cross_attn_norm=True,
+                   qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+# The TI2V-5B folder's UniPC: Wan 2.1's with flow shift 5.
+TI2V_SCHEDULER = dict(SCHEDULER, flow_shift=5.0)
+# The Wan 2.2 VAE's config (AutoencoderKLWan, residual, 48 latent channels, 16 pixels a latent): only its latent
+# space is read by the denoiser's loader; no weights are written. latents_mean/std, which only the pipeline's
+# decode uses, are 0 and 1 for the 48 channels.
+TI2V_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                attn_scales=[], temperal_downsample=[False, True, True], dropout=0.0, latents_mean=[0.0] * 48,
+                latents_std=[1.0] * 48, is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+                scale_factor_temporal=4, scale_factor_spatial=16)
+
+# --model: the folder each bench makes. The default's key stays what it was, so its cached folder is reused.
+MODELS = {
+    "wan2.1": dict(title="Wan 2.1", folder="wan2.1-native-small", config=CONFIG, scheduler=SCHEDULER, vae=None,
+                   index={}, spatial_factor=8, steps=5, results="generate-native"),
+    "ti2v": dict(title="Wan 2.2 TI2V-5B-shaped", folder="wan2.2-ti2v-native", config=TI2V_CONFIG,
+                 scheduler=TI2V_SCHEDULER, vae=TI2V_VAE, index={"expand_timesteps": True}, spatial_factor=16,
+                 steps=3, results="generate-native-ti2v"),
+}
+
 
 def log(msg):
     print(f"[bench] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_pipeline(cache):
-    """The random-weight pipeline folder and its prompt embeddings, made once per CONFIG under cache."""
-    key = hashlib.sha1(json.dumps([CONFIG, SCHEDULER, WEIGHT_SEED, PROMPT_TOKENS, NEGATIVE_TOKENS],
-                                  sort_keys=True).encode()).hexdigest()[:10]
-    root = os.path.join(cache, f"wan2.1-native-small-{key}")
+def ensure_pipeline(cache, model="wan2.1"):
+    """The random-weight pipeline folder of MODELS[model] and its prompt embeddings, made once per config under
+    cache."""
+    m = MODELS[model]
+    parts = [m["config"], m["scheduler"], WEIGHT_SEED, PROMPT_TOKENS, NEGATIVE_TOKENS]
+    if m["vae"] or m["index"]:
+        parts += [m["vae"], m["index"]]
+    key = hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+    root = os.path.join(cache, f"{m['folder']}-{key}")
     stamp = os.path.join(root, "stamp")
     text_file = os.path.join(root, "text.safetensors")
     if os.path.exists(stamp):
@@ -60,19 +96,28 @@ def ensure_pipeline(cache):
 
     log(f"making the random-weight pipeline folder {root}")
     torch.manual_seed(WEIGHT_SEED)
-    model = WanTransformer3DModel(**CONFIG).eval()
-    model.save_pretrained(os.path.join(root, "transformer"), safe_serialization=True)
-    UniPCMultistepScheduler(**SCHEDULER).save_pretrained(os.path.join(root, "scheduler"))
+    network = WanTransformer3DModel(**m["config"]).eval()
+    network.save_pretrained(os.path.join(root, "transformer"), safe_serialization=True)
+    del network
+    UniPCMultistepScheduler(**m["scheduler"]).save_pretrained(os.path.join(root, "scheduler"))
+    index = {"_class_name": "WanPipeline", "_diffusers_version": diffusers.__version__,
+             "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+             "transformer": ["diffusers", "WanTransformer3DModel"]}
+    if m["vae"]:
+        os.makedirs(os.path.join(root, "vae"), exist_ok=True)
+        with open(os.path.join(root, "vae", "config.json"), "w") as f:
+            json.dump(dict({"_class_name": "AutoencoderKLWan", "_diffusers_version": diffusers.__version__},
+                           **m["vae"]), f, indent=2)
+        index["vae"] = ["diffusers", "AutoencoderKLWan"]
     with open(os.path.join(root, "model_index.json"), "w") as f:
-        json.dump({"_class_name": "WanPipeline", "_diffusers_version": diffusers.__version__,
-                   "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-                   "transformer": ["diffusers", "WanTransformer3DModel"]}, f, indent=2)
+        json.dump(dict(index, **m["index"]), f, indent=2)
     g = torch.Generator().manual_seed(WEIGHT_SEED + 1)
-    text = torch.zeros(1, TEXT_TOKENS, CONFIG["text_dim"])
+    text_dim = m["config"]["text_dim"]
+    text = torch.zeros(1, TEXT_TOKENS, text_dim)
     negative = torch.zeros_like(text)
     # umT5's final RMS norm leaves activations of a few tenths; zero past the prompt, as WanPipeline pads.
-    text[:, :PROMPT_TOKENS] = 0.2 * torch.randn(1, PROMPT_TOKENS, CONFIG["text_dim"], generator=g)
-    negative[:, :NEGATIVE_TOKENS] = 0.2 * torch.randn(1, NEGATIVE_TOKENS, CONFIG["text_dim"], generator=g)
+    text[:, :PROMPT_TOKENS] = 0.2 * torch.randn(1, PROMPT_TOKENS, text_dim, generator=g)
+    negative[:, :NEGATIVE_TOKENS] = 0.2 * torch.randn(1, NEGATIVE_TOKENS, text_dim, generator=g)
     save_file({"text": text, "negative_text": negative}, text_file)
     open(stamp, "w").close()
     return root, text_file
@@ -174,29 +219,34 @@ def summarise(ours, theirs):
 def run(args, binary, out_dir):
     threads = args.threads or os.cpu_count()
     repeat = args.repeat or 3
-    steps = args.steps or 5
+    name = args.model or "wan2.1"
+    model = MODELS[name]
+    steps = args.steps or model["steps"]
     timeout = args.timeout or 900
     wait = (args.wait_idle, args.wait_max or 120)
     retries = 2 if args.retries < 0 else args.retries
-    root, text_file = ensure_pipeline(args.cache)
-    scratch = os.path.join(args.cache, "native-latents")
+    root, text_file = ensure_pipeline(args.cache, name)
+    scratch = os.path.join(args.cache, "native-latents" + ("" if name == "wan2.1" else f"-{name}"))
     os.makedirs(scratch, exist_ok=True)
     os.makedirs(out_dir, exist_ok=True)
     from .measure import machine_info
 
-    results = {"mode": "generate-native", "about": __doc__.strip().split("\n\n")[0].replace("\n", " "),
+    spatial = model["spatial_factor"]
+    results = {"mode": "generate-native", "model": name, "about": __doc__.strip().split("\n\n")[0].replace("\n", " "),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine_info("cpu"),
                "commit": subprocess.run(["git", "-C", TOP, "rev-parse", "--short", "HEAD"], capture_output=True,
                                         text=True).stdout.strip(),
                "settings": {"threads": threads, "repeat": repeat, "steps": steps, "dtype": "float32",
                             "latents": LATENTS, "latent_height": HEIGHT, "latent_width": WIDTH,
-                            "video": f"{1 + 4 * (LATENTS - 1)}x{8 * HEIGHT}x{8 * WIDTH}", "text_tokens": TEXT_TOKENS,
+                            "video": f"{1 + 4 * (LATENTS - 1)}x{spatial * HEIGHT}x{spatial * WIDTH}",
+                            "text_tokens": TEXT_TOKENS,
                             "prompt_tokens": PROMPT_TOKENS, "negative_tokens": NEGATIVE_TOKENS, "seed": NOISE_SEED,
                             "min_cpu_share": args.min_cpu_share, "retries": retries, "wait_idle": wait[0]},
-               "config": CONFIG, "scheduler": SCHEDULER, "pipeline": root, "cases": []}
+               "config": model["config"], "scheduler": model["scheduler"], "vae": model["vae"],
+               "model_index": model["index"], "pipeline": root, "cases": []}
 
     def save():
-        with open(os.path.join(out_dir, "generate-native-results.json"), "w") as f:
+        with open(os.path.join(out_dir, results_name(results) + ".json"), "w") as f:
             json.dump(results, f, indent=1)
 
     def cmd(side, guidance, latents_file):
@@ -207,7 +257,7 @@ def run(args, binary, out_dir):
             return [binary, "--generator", root, "--schedule", "clip", "--json"] + common
         return [sys.executable, REF, "--pipeline", root] + common
 
-    log(f"native Wan 2.1 denoiser against WanPipeline: {results['settings']['video']} video, {steps} steps, "
+    log(f"native {model['title']} denoiser against WanPipeline: {results['settings']['video']} video, {steps} steps, "
         f"{repeat} repetitions, {threads} threads")
     for gi, guidance in enumerate((1.0, 5.0)):
         runs = {"ours": [], "diffusers": []}
@@ -227,9 +277,20 @@ def run(args, binary, out_dir):
             # Every run of a side starts from the same noise: a run that differs from the first did other work.
             case["summary"]["ours_runs_identical"] = all(
                 max_rel_diff(r["latents_file"], a[0]["latents_file"]) == 0 for r in a[1:])
+        case["summary"]["theirs_timestep_shapes"] = timestep_shapes(runs["diffusers"])
         results["cases"].append(case)
         save()
     return render(results, out_dir)
+
+
+def timestep_shapes(runs):
+    """The shapes of the timestep diffusers' transformer was called with: [B] per call, or [B, seq] per token (the
+    path expand_timesteps takes)."""
+    return sorted({tuple(r["timestep_shape"]) for r in runs if r.get("timestep_shape")})
+
+
+def results_name(results):
+    return MODELS[results.get("model", "wan2.1")]["results"] + "-results"
 
 
 def render(results, out_dir):
@@ -237,10 +298,11 @@ def render(results, out_dir):
     for c in results["cases"]:
         keep = {k: v for k, v in c["summary"].items() if k in ("latents_max_rel_diff", "ours_runs_identical")}
         c["summary"] = dict(summarise(c["ours"], c["diffusers"]), **keep)
-    with open(os.path.join(out_dir, "generate-native-results.json"), "w") as f:
+        c["summary"]["theirs_timestep_shapes"] = timestep_shapes(c["diffusers"])
+    with open(os.path.join(out_dir, results_name(results) + ".json"), "w") as f:
         json.dump(results, f, indent=1)
     md = markdown(results)
-    with open(os.path.join(out_dir, "generate-native-results.md"), "w") as f:
+    with open(os.path.join(out_dir, results_name(results) + ".md"), "w") as f:
         f.write(md)
     print(md)
     return 0
@@ -248,7 +310,8 @@ def render(results, out_dir):
 
 def markdown(results):
     st = results["settings"]
-    lines = [f"# Native Wan 2.1 denoiser against diffusers ({results['date']}, {st['threads']} threads, CPU, "
+    title = MODELS[results.get("model", "wan2.1")]["title"]
+    lines = [f"# Native {title} denoiser against diffusers ({results['date']}, {st['threads']} threads, CPU, "
              f"{st['video']} video, {st['steps']} steps)", "",
              "| guidance | calls/step | ours s/step | diffusers s/step | ratio | ours process peak RSS MiB | diffusers "
              "process peak RSS MiB | ratio | ours / diffusers above baseline MiB | CPU share | runs ok | latents max rel diff |",
@@ -271,4 +334,9 @@ def markdown(results):
     lines += ["", "Ratios are ours / diffusers: below 1 is faster or leaner. s/step: median over the steps of every "
                   "run (a step is its model calls). runs ok: the runs in the medians (a run that got under "
                   f"{st['min_cpu_share']:.0%} of its cores after the retries is left out while its side has others)."]
+    shapes = {s for c in results["cases"] for s in map(tuple, c["summary"].get("theirs_timestep_shapes") or [])}
+    if shapes:
+        lines += ["", "diffusers' transformer was called with timesteps of shape " +
+                  ", ".join("[" + ", ".join(map(str, s)) + "]" for s in sorted(shapes)) +
+                  (" (one per token: the expand_timesteps path)." if any(len(s) == 2 for s in shapes) else ".")]
     return "\n".join(lines) + "\n"

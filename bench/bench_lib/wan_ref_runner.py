@@ -8,7 +8,10 @@ It runs what a diffusers user writes for a Wan 2.1 text-to-video clip without th
 WanPipeline(transformer, scheduler from DIR) called with prompt_embeds=, negative_prompt_embeds= (from FILE),
 latents= (torch.randn of a CPU generator seeded S: the noise latent-gen-bench's Generator draws from the same
 seed) and output_type="latent", eager, float32, on the CPU. Forward hooks on the transformer time each model call;
-a step is its calls (cond, then uncond under guidance).
+a step is its calls (cond, then uncond under guidance). A folder whose model_index.json sets expand_timesteps (Wan
+2.2 TI2V) gets a pipeline with it set, as WanPipeline.from_pretrained would make: its timesteps are per token
+([B, seq]); the shape of the first call's timestep is reported. The video size passed is the latents' times the
+folder's VAE factor (vae/config.json's scale_factor_spatial; 8 without one).
 """
 import argparse
 import json
@@ -20,6 +23,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ref_runner import reset_peak_rss, status_bytes  # noqa: E402
+
+
+def read_json(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def cpu_seconds():
@@ -53,7 +63,10 @@ def main(argv=None):
     transformer = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder)).eval()
     transformer.load_state_dict(load_file(os.path.join(folder, "diffusion_pytorch_model.safetensors")), strict=True)
     scheduler = UniPCMultistepScheduler.from_pretrained(os.path.join(a.pipeline, "scheduler"))
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=transformer, vae=None, scheduler=scheduler)
+    index = read_json(os.path.join(a.pipeline, "model_index.json"))
+    spatial = read_json(os.path.join(a.pipeline, "vae", "config.json")).get("scale_factor_spatial", 8)
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=transformer, vae=None, scheduler=scheduler,
+                       expand_timesteps=bool(index.get("expand_timesteps")))
     pipe.set_progress_bar_config(disable=True)
     text = load_file(a.text)
     load_seconds = time.perf_counter() - t_load
@@ -62,7 +75,14 @@ def main(argv=None):
 
     calls = []
     started = []
-    transformer.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
+    timestep_shapes = []
+
+    def before_call(module, args, kwargs):
+        timestep = kwargs.get("timestep", args[1] if len(args) > 1 else None)
+        timestep_shapes.append(list(timestep.shape) if timestep is not None else None)
+        started.append(time.perf_counter())
+
+    transformer.register_forward_pre_hook(before_call, with_kwargs=True)
     transformer.register_forward_hook(lambda *_: calls.append(time.perf_counter() - started[-1]))
 
     rss_baseline = status_bytes("VmRSS")
@@ -71,7 +91,7 @@ def main(argv=None):
     c0 = cpu_seconds()
     start = time.perf_counter()
     latents = pipe(prompt_embeds=text["text"], negative_prompt_embeds=text.get("negative_text"),
-                   height=8 * a.height, width=8 * a.width, num_frames=1 + 4 * (a.latents - 1),
+                   height=spatial * a.height, width=spatial * a.width, num_frames=1 + 4 * (a.latents - 1),
                    num_inference_steps=a.steps, guidance_scale=a.guidance, latents=noise,
                    output_type="latent", return_dict=False)[0]
     gen_seconds = time.perf_counter() - start
@@ -97,6 +117,8 @@ def main(argv=None):
         "load_seconds": load_seconds,
         "latents": latents.shape[2],
         "model_calls": len(calls),
+        "timestep_shape": timestep_shapes[0] if timestep_shapes else None,
+        "expand_timesteps": bool(pipe.config.expand_timesteps),
         "text": a.text,
         "latents_file": a.save_latents,
         "generate_seconds": gen_seconds,
