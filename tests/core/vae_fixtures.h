@@ -26,6 +26,13 @@ inline double rss_mib() {
   return double(pages_resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
+// Scale runs (minutes on 2 cores) run where asked for: LATENT_SCALE_TESTS=1, which `meson test --suite scale`
+// sets. Elsewhere they skip as "[opt-in]"; a smaller run of the same path is in the default suites.
+inline bool scale_tests_enabled() {
+  const char* v = std::getenv("LATENT_SCALE_TESTS");
+  return v && std::string(v) == "1";
+}
+
 // A line of /proc/self/status ("VmHWM:", "VmRSS:"), MiB; -1 when absent.
 inline double status_mib(const char* key) {
   std::ifstream status("/proc/self/status");
