@@ -14,10 +14,8 @@
 #include <sstream>
 
 #include "elements.h"
-#include "latent/gen/generator.h"
-#include "latent/gen/parallel_generator.h"
+#include "generation_plan.h"
 #include "latent/gen/prompts.h"
-#include "latent/io/safetensors.h"
 #include "latent/runtime/default_model.h"
 #include "latent/runtime/devices.h"
 #include "latent_caps.h"
@@ -29,6 +27,16 @@ GST_DEBUG_CATEGORY_STATIC(video_gen_debug);
 using latent::gst::Fraction;
 using latent::gst::LatentCapsInfo;
 using latent::gst::LatentFrameStamp;
+using latent::gst::Run;
+using Settings = latent::gst::VideoGenSettings;
+using latent::gst::kAutoContext;
+using latent::gst::kModelGuidance;
+using latent::gst::kScheduleAuto;
+using latent::gst::SAMPLER_DDIM;
+using latent::gst::SAMPLER_DEFAULT;
+using latent::gst::SAMPLER_DPM;
+using latent::gst::SAMPLER_EULER;
+using latent::gst::SAMPLER_UNIPC;
 
 namespace {
 
@@ -50,82 +58,17 @@ enum {
   PROP_NEGATIVE_PROMPT,
   PROP_TEXT_DEVICE,
   PROP_INITIAL_NOISE,
+  PROP_GUIDANCE_SCALE_2,
+  PROP_IMAGE,
+  PROP_TRANSFORMER_WEIGHTS,
+  PROP_LORA,
+  PROP_LORA_2,
   PROP_IS_LIVE,
   PROP_PARALLEL,
   PROP_FORMAT,
   PROP_LATENTS_OUT,
   PROP_MODEL_CALLS,
   PROP_MEAN_CALL_TIME,
-};
-
-// The sampler choice: the model's own, or one of the core's samplers.
-enum SamplerChoice { SAMPLER_DEFAULT, SAMPLER_EULER, SAMPLER_UNIPC, SAMPLER_DDIM, SAMPLER_DPM };
-
-constexpr double kModelGuidance = -1.0;
-constexpr gint kAutoContext = -1;
-// The schedule property's default: the one every model the element loads can run (see schedule_for).
-constexpr int kScheduleAuto = 100;
-
-struct Settings {
-  latent::gst::ModelSettings model;
-  int schedule = kScheduleAuto;  // a latent::ScheduleKind or kScheduleAuto
-  SamplerChoice sampler = SAMPLER_DEFAULT;
-  guint steps = 0;     // 0: the model's
-  double shift = 0.0;  // 0: the model's
-  double guidance = kModelGuidance;
-  guint64 seed = 0;
-  gint64 num_frames = -1;  // video frames; -1 endless
-  gint width = 0, height = 0;
-  Fraction framerate{16, 1};
-  guint window = 0;  // 0: the model's
-  gint context = kAutoContext;
-  std::string prompt_embeds;
-  std::optional<std::string> prompt, negative_prompt;  // unset: none
-  std::string text_device;                             // empty: the model's device
-  std::string initial_noise;
-  std::string parallel = "auto";  // with devices: how the ranks share the work
-  // The latents' wire format: the sampler's float32 by default, whatever the model computes in.
-  latent::gst::LatentFormat format = latent::gst::LatentFormat::F32;
-};
-
-// One device's Generator or a ParallelGenerator over the devices' ranks: what create(), unlock() and seeks drive.
-class Frames {
- public:
-  explicit Frames(std::unique_ptr<latent::Generator> one) : one_(std::move(one)) {}
-  explicit Frames(std::unique_ptr<latent::ParallelGenerator> many) : many_(std::move(many)) {}
-  // This process's rank of a group of processes (torchrun): `comms` keep the group (and rank 0's store) alive.
-  Frames(std::unique_ptr<latent::Generator> rank, latent::parallel::RankComms comms)
-      : one_(std::move(rank)), comms_(std::move(comms)) {}
-  std::vector<latent::GeneratedFrame> next() { return one_ ? one_->next() : many_->next(); }
-  bool finished() const { return one_ ? one_->finished() : many_->finished(); }
-  void reset() { one_ ? one_->reset() : many_->reset(); }
-  void interrupt() { one_ ? one_->interrupt() : many_->interrupt(); }
-  void clear_interrupt() { one_ ? one_->clear_interrupt() : many_->clear_interrupt(); }
-  int64_t model_calls() const { return one_ ? one_->model_calls() : many_->model_calls(); }
-  // Ranks as processes (torchrun), where every process runs a pipeline of its own in step with the others.
-  bool process_rank() const { return comms_.collectives != nullptr; }
-  // A process rank that stops before its run is over tells the other processes, which would otherwise wait for it
-  // in their next exchange until rank-timeout.
-  void leave(const std::string& why) {
-    if (process_rank() && !finished())
-      comms_.collectives->abort("rank " + std::to_string(comms_.collectives->rank()) + " " + why);
-  }
-  // What the element was doing when next() threw: with ranks, the failing rank's error says nothing of its rank.
-  std::string doing() const {
-    return many_ && !many_->failed_rank().empty() ? "generating on " + many_->failed_rank() : "generating";
-  }
-
- private:
-  std::unique_ptr<latent::Generator> one_;
-  std::unique_ptr<latent::ParallelGenerator> many_;
-  latent::parallel::RankComms comms_;
-};
-
-// What start() decided for a run: the generator, the caps it makes and how many latents and frames.
-struct Run {
-  std::unique_ptr<Frames> generator;
-  LatentCapsInfo caps;
-  uint64_t video_frames = 0;  // 0: endless
 };
 
 struct Impl {
@@ -213,305 +156,6 @@ GType gst_video_gen_format_get_type(void) {
 
 namespace {
 
-// Latent frame k stands for video frames [first, end): the first latent for one frame, every later one for
-// temporal_factor, the last for what remains of num-frames.
-LatentFrameStamp stamp_for(const Run& run, uint64_t k) {
-  const uint64_t tf = uint64_t(run.caps.temporal_factor);
-  LatentFrameStamp s;
-  s.first_frame = k == 0 ? 0 : 1 + tf * (k - 1);
-  s.end_frame = k == 0 ? 1 : 1 + tf * k;
-  if (run.video_frames > 0) s.end_frame = std::min<uint64_t>(s.end_frame, run.video_frames);
-  const Fraction fps = run.caps.video_framerate;
-  const auto time_of = [&](uint64_t frame) {
-    return gst_util_uint64_scale(frame, GST_SECOND * uint64_t(fps.den), uint64_t(fps.num));
-  };
-  s.pts = time_of(s.first_frame);
-  s.duration = time_of(s.end_frame) - s.pts;
-  return s;
-}
-
-uint64_t latents_for_frames(uint64_t frames, int64_t temporal_factor) {
-  return frames == 0 ? 0 : 1 + (frames - 1 + uint64_t(temporal_factor) - 1) / uint64_t(temporal_factor);
-}
-
-// A safetensors file with `prompt_embeds` [1, L, D] and, for guidance, `negative_prompt_embeds`.
-void load_prompt_embeds(const std::string& path, latent::GeneratorOptions& o) {
-  latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
-  if (!file.contains("prompt_embeds"))
-    throw std::invalid_argument("prompt-embeds file " + path +
-                                " has no tensor \"prompt_embeds\" (write it with latent-prompt)");
-  o.text = file.tensor("prompt_embeds").to(torch::kFloat).clone();
-  if (file.contains("negative_prompt_embeds"))
-    o.negative_text = file.tensor("negative_prompt_embeds").to(torch::kFloat).clone();
-}
-
-// The guidance a run uses: the property, or the model's recommendation.
-double effective_guidance(const latent::DenoiserSpec& spec, const Settings& s) {
-  return s.guidance == kModelGuidance ? spec.guidance : s.guidance;
-}
-
-// The negative prompt a run encodes: none without guidance; the empty prompt when guided and unset, as diffusers'
-// pipelines do.
-std::optional<std::string> negative_to_encode(const latent::DenoiserSpec& spec, const Settings& s) {
-  if (effective_guidance(spec, s) <= 1.0) return std::nullopt;
-  return s.negative_prompt.value_or("");
-}
-
-// fifo, endless in constant memory, where the model gives each frame its own timestep; clip for a model that
-// takes one timestep per call (CogVideoX), which only the clip schedule can drive.
-latent::ScheduleKind schedule_for(const latent::DenoiserSpec& spec, int property) {
-  if (property != kScheduleAuto) return latent::ScheduleKind(property);
-  return spec.per_frame_timesteps ? latent::ScheduleKind::fifo : latent::ScheduleKind::clip;
-}
-
-// "1:02:03", "4:05": durations in progress texts.
-std::string clock_text(GstClockTime t) {
-  const uint64_t secs = (t + GST_SECOND / 2) / GST_SECOND;
-  char buf[32];
-  if (secs >= 3600)
-    std::snprintf(buf, sizeof buf, "%u:%02u:%02u", unsigned(secs / 3600), unsigned(secs / 60 % 60),
-                  unsigned(secs % 60));
-  else
-    std::snprintf(buf, sizeof buf, "%u:%02u", unsigned(secs / 60), unsigned(secs % 60));
-  return buf;
-}
-
-// Posts "videogen-progress" element messages as a run goes, so a run of minutes shows it is moving from its first
-// step: the first iteration, the last, and at most four a second between. Fields: text ("step 3 of 50, 1:12
-// left"), iteration, iterations (0: endless), percent (-1: endless), and elapsed and eta in nanoseconds (eta
-// GST_CLOCK_TIME_NONE where unknown). Element messages, not GST_MESSAGE_PROGRESS: gst-launch-1.0 holds a pipeline in
-// PAUSED while a progress operation is open, and the steps before the first latent run during preroll.
-std::function<void(const latent::GeneratorProgress&)> progress_poster(GstElement* element) {
-  struct Clock {
-    std::chrono::steady_clock::time_point start, last;
-  };
-  auto clock = std::make_shared<Clock>();
-  return [element, clock](const latent::GeneratorProgress& p) {
-    const auto now = std::chrono::steady_clock::now();
-    const bool first = p.iteration <= 1, last = p.iterations > 0 && p.iteration >= p.iterations;
-    if (first) clock->start = now;
-    if (!first && !last && now - clock->last < std::chrono::milliseconds(250)) return;
-    clock->last = now;
-    const auto elapsed = GstClockTime(std::chrono::duration_cast<std::chrono::nanoseconds>(now - clock->start).count());
-    // From the rate of the iterations after the first, which carries the warm-up; the clock starts after it.
-    GstClockTime eta = GST_CLOCK_TIME_NONE;
-    if (last)
-      eta = 0;
-    else if (p.iterations > 0 && p.iteration > 1)
-      eta = gst_util_uint64_scale(elapsed, uint64_t(p.iterations - p.iteration), uint64_t(p.iteration - 1));
-    std::string text = "step " + std::to_string(p.iteration);
-    if (p.iterations > 0) text += " of " + std::to_string(p.iterations);
-    if (GST_CLOCK_TIME_IS_VALID(eta) && !last) text += ", " + clock_text(eta) + " left";
-    GstStructure* st = gst_structure_new("videogen-progress", "text", G_TYPE_STRING, text.c_str(), nullptr);
-    gst_structure_set(st, "iteration", G_TYPE_INT64, gint64(p.iteration), "iterations", G_TYPE_INT64,
-                      gint64(p.iterations), "percent", G_TYPE_INT,
-                      p.iterations > 0 ? int(100 * p.iteration / p.iterations) : -1, "elapsed", G_TYPE_UINT64,
-                      guint64(elapsed), "eta", G_TYPE_UINT64, guint64(eta), nullptr);
-    gst_element_post_message(element, gst_message_new_element(GST_OBJECT(element), st));
-  };
-}
-
-// Whose layout initial-noise files take: the `latents=` argument of the family's diffusers pipeline, Wan's
-// [1, C, T, h, w] or CogVideoX's [1, T, C, h, w].
-bool frames_before_channels(const latent::DenoiserSpec& spec) { return spec.latent_space.rfind("cogvideox", 0) == 0; }
-
-// The starting latents of a clip from a safetensors file holding one tensor, in the generator's [1, C, T, h, w].
-torch::Tensor load_initial_noise(const std::string& path, const latent::DenoiserSpec& spec,
-                                 const latent::GeneratorOptions& o) {
-  if (o.schedule != latent::ScheduleKind::clip)
-    throw std::invalid_argument("initial-noise needs schedule=clip (fifo and rolling draw noise as frames enter)");
-  latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
-  const auto names = file.names();
-  if (names.size() != 1)
-    throw std::invalid_argument("initial-noise file " + path + " holds " + std::to_string(names.size()) +
-                                " tensors; it must hold exactly one, the starting latents");
-  torch::Tensor t = file.tensor(names.front()).to(torch::kFloat).clone();
-  const bool tc = frames_before_channels(spec);
-  std::vector<int64_t> want = {1, spec.channels, o.frames, o.height, o.width};
-  if (tc) std::swap(want[1], want[2]);
-  if (t.sizes() != c10::IntArrayRef(want)) {
-    std::ostringstream got, expected;
-    got << t.sizes();
-    expected << c10::IntArrayRef(want);
-    throw std::invalid_argument("initial-noise " + path + " has shape " + got.str() + "; these settings need " +
-                                expected.str() + (tc ? " ([1, T, C, h, w]" : " ([1, C, T, h, w]") +
-                                ", the layout of the pipeline's latents=)");
-  }
-  // Named here, where the file and the tensor are known; the generator would refuse it too, without them.
-  const int64_t nan = torch::isnan(t).sum().item<int64_t>(), inf = torch::isinf(t).sum().item<int64_t>();
-  if (nan > 0 || inf > 0)
-    throw std::invalid_argument("initial-noise " + path + ": tensor \"" + names.front() + "\" holds " +
-                                std::to_string(nan) + " NaN and " + std::to_string(inf) +
-                                " infinite values; the starting latents must be finite");
-  return tc ? t.permute({0, 2, 1, 3, 4}).contiguous() : t;
-}
-
-// "auto", or how the ranks share the work: "cfg=2,ulysses=2,partitions=1" (any subset; missing ones are 1).
-std::optional<latent::ParallelPlan> parse_plan(const std::string& text) {
-  if (text.empty() || text == "auto") return std::nullopt;
-  latent::ParallelPlan plan;
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const size_t eq = item.find('=');
-    const std::string key = item.substr(0, eq);
-    int* field = key == "cfg"          ? &plan.cfg
-                 : key == "ulysses"    ? &plan.ulysses
-                 : key == "partitions" ? &plan.partitions
-                                       : nullptr;
-    char* end = nullptr;
-    const long v = eq == std::string::npos ? 0 : std::strtol(item.c_str() + eq + 1, &end, 10);
-    if (!field || eq == std::string::npos || end == item.c_str() + eq + 1 || *end != '\0' || v < 1 || v > 4096)
-      throw std::invalid_argument("parallel '" + text + "': '" + item +
-                                  "' is not one of cfg=N, ulysses=N, partitions=N (N >= 1), or auto");
-    *field = int(v);
-    if (comma == std::string::npos) return plan;
-    start = comma + 1;
-  }
-}
-
-// The generator for the options: one device's, or, with several ranks, a ParallelGenerator under the plan the
-// parallel property gives (auto: latent::choose_plan).
-// The plan for `n` ranks: the parallel property's, or chosen when it says auto.
-latent::ParallelPlan plan_for(int n, const char* ranks_are, const latent::Denoiser& model,
-                              const latent::GeneratorOptions& o, const Settings& s) {
-  if (auto given = parse_plan(s.parallel)) {
-    if (given->world() != n)
-      throw std::invalid_argument("parallel '" + s.parallel + "' needs " + std::to_string(given->world()) + " " +
-                                  ranks_are + "; there are " + std::to_string(n));
-    return *given;
-  }
-  return latent::choose_plan(n, model.spec(), o.guidance, model.attention_heads(), o.schedule, o.sampler.steps,
-                             o.window);
-}
-
-// torchrun (WORLD_SIZE > 1, no devices): this process is one rank of a plan shared by every process, which meet at
-// rank 0's store (MASTER_ADDR:MASTER_PORT). Every process makes the same latents; each pipeline pushes them.
-std::unique_ptr<Frames> make_process_rank(const std::shared_ptr<const latent::Denoiser>& model,
-                                          const latent::GeneratorOptions& o, const Settings& s, GstElement* element) {
-  const auto env = latent::parallel::LaunchEnv::read();
-  const latent::ParallelPlan plan = plan_for(env.world, "processes (WORLD_SIZE)", *model, o, s);
-  // A sequence group would need a store of its own served by its first rank, which may be on another machine.
-  if (plan.ulysses > 1)
-    throw std::invalid_argument(
-        "ulysses across processes is not supported; use cfg and partitions between "
-        "processes, or devices= (ranks as threads) for ulysses within a machine");
-  GST_INFO_OBJECT(element, "rank %d of %d processes: %s", env.rank, env.world, latent::describe_plan(plan).c_str());
-  // The generator exchanges no halo rows: its group forms the collectives' communicator alone.
-  latent::parallel::GroupOptions group = latent::gst::group_options(s.model);
-  group.halo_exchange = false;
-  latent::parallel::RankComms comms =
-      latent::parallel::join_tcp(env.host, env.port, env.rank, env.world, model->device(), group);
-  auto rank = latent::make_rank_generator(model, o, plan, comms.collectives);
-  return std::make_unique<Frames>(std::move(rank), std::move(comms));
-}
-
-std::unique_ptr<Frames> make_frames(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks,
-                                    const latent::GeneratorOptions& o, const Settings& s, GstElement* element) {
-  if (ranks.size() <= 1) {
-    if (latent::parallel::LaunchEnv::present() && latent::parallel::LaunchEnv::read().world > 1)
-      return make_process_rank(ranks.front(), o, s, element);
-    if (!s.parallel.empty() && s.parallel != "auto")
-      throw std::invalid_argument("parallel '" + s.parallel + "' needs devices (one per rank)");
-    return std::make_unique<Frames>(std::make_unique<latent::Generator>(ranks.front(), o));
-  }
-  const int n = int(ranks.size());
-  const latent::ParallelPlan plan = plan_for(n, "devices", *ranks.front(), o, s);
-  GST_INFO_OBJECT(element, "generating on %d devices: %s", n, latent::describe_plan(plan).c_str());
-  return std::make_unique<Frames>(
-      std::make_unique<latent::ParallelGenerator>(ranks, o, plan, latent::gst::group_options(s.model)));
-}
-
-// The generator options and caps for the settings; throws std::invalid_argument naming the setting. `encoded` holds
-// the prompts' embeddings when the prompt property is set; `ranks` the denoiser of each device (one without devices).
-Run plan_run(const std::vector<std::shared_ptr<const latent::Denoiser>>& ranks, const Settings& s,
-             const latent::PromptEmbeddings* encoded, GstElement* element) {
-  const std::shared_ptr<const latent::Denoiser>& model = ranks.front();
-  const latent::DenoiserSpec& spec = model->spec();
-  latent::GeneratorOptions o;
-  o.schedule = schedule_for(spec, s.schedule);
-  o.sampler = spec.sampler;
-  if (s.sampler != SAMPLER_DEFAULT)
-    o.sampler.kind = s.sampler == SAMPLER_EULER   ? latent::SamplerKind::euler
-                     : s.sampler == SAMPLER_UNIPC ? latent::SamplerKind::unipc
-                     : s.sampler == SAMPLER_DPM   ? latent::SamplerKind::dpm
-                                                  : latent::SamplerKind::ddim;
-  if (s.steps > 0) o.sampler.steps = s.steps;
-  if (s.shift > 0.0) o.sampler.shift = s.shift;
-  o.guidance = effective_guidance(spec, s);
-  o.seed = s.seed;
-  o.window = s.window;
-  o.progress = progress_poster(element);
-
-  const int64_t sf = spec.spatial_factor;
-  if ((s.width == 0) != (s.height == 0)) throw std::invalid_argument("set both width and height, or neither");
-  if (s.width > 0) {
-    const int64_t unit = sf * spec.size_multiple;
-    if (s.width % unit != 0 || s.height % unit != 0)
-      throw std::invalid_argument("width and height must be multiples of " + std::to_string(unit) +
-                                  " pixels for this model (" + std::to_string(sf) +
-                                  " per latent, latents in multiples of " + std::to_string(spec.size_multiple) +
-                                  "); got " + std::to_string(s.width) + "x" + std::to_string(s.height));
-    o.width = s.width / sf;
-    o.height = s.height / sf;
-  } else if (spec.native_height > 0) {
-    o.width = spec.native_width;
-    o.height = spec.native_height;
-  } else {
-    throw std::invalid_argument("this model declares no size: set width and height");
-  }
-  const int64_t window = o.window > 0 ? o.window : latent::default_window(spec);
-  if (o.schedule == latent::ScheduleKind::rolling)
-    o.context = s.context == kAutoContext ? std::max<int64_t>(1, window / 4) : s.context;
-
-  Run run;
-  uint64_t latents = 0;
-  if (s.num_frames >= 0) {
-    run.video_frames = uint64_t(s.num_frames);
-    latents = latents_for_frames(run.video_frames, spec.temporal_factor);
-  } else if (o.schedule == latent::ScheduleKind::clip) {
-    latents = uint64_t(window);  // an endless clip is one window
-    run.video_frames = 1 + uint64_t(spec.temporal_factor) * (latents - 1);
-  }
-  if (o.schedule == latent::ScheduleKind::clip && latents > uint64_t(window))
-    throw std::invalid_argument("num-frames " + std::to_string(s.num_frames) + " needs " + std::to_string(latents) +
-                                " latents; the clip schedule makes at most " + std::to_string(window) + " (" +
-                                std::to_string(1 + spec.temporal_factor * (window - 1)) +
-                                " frames): use schedule=fifo or rolling for longer videos");
-  o.frames = int64_t(latents);
-  if (s.prompt && !s.prompt_embeds.empty()) throw std::invalid_argument("set prompt or prompt-embeds, not both");
-  if (s.negative_prompt && !s.prompt)
-    throw std::invalid_argument("negative-prompt needs prompt (precomputed embeddings carry their own negative)");
-  if (!s.prompt_embeds.empty()) load_prompt_embeds(s.prompt_embeds, o);
-  if (spec.text_tokens == 0 && s.prompt) throw std::invalid_argument("this model takes no text: unset prompt");
-  if (s.prompt && encoded && encoded->prompt.defined()) {
-    o.text = encoded->prompt.to(torch::kFloat);
-    if (encoded->negative.defined()) o.negative_text = encoded->negative.to(torch::kFloat);
-  }
-  if (spec.text_tokens > 0 && !o.text.defined())
-    throw std::invalid_argument("this model needs text: set prompt (or prompt-embeds, [1, " +
-                                std::to_string(spec.text_tokens) + ", " + std::to_string(spec.text_dim) +
-                                "] embeddings from latent-prompt)");
-  if (!s.initial_noise.empty()) o.initial_noise = load_initial_noise(s.initial_noise, spec, o);
-  if (latents > 0 || s.num_frames < 0) run.generator = make_frames(ranks, o, s, element);
-
-  LatentCapsInfo& c = run.caps;
-  c.model = spec.latent_space;
-  c.format = s.format;
-  c.channels = int(spec.channels);
-  c.width = int(o.width);
-  c.height = int(o.height);
-  c.temporal_factor = int(spec.temporal_factor);
-  c.spatial_factor = int(sf);
-  c.video_width = int(o.width * sf);
-  c.video_height = int(o.height * sf);
-  c.video_framerate = s.framerate;
-  const int g = std::gcd(s.framerate.num, s.framerate.den * c.temporal_factor);
-  c.framerate = {s.framerate.num / g, s.framerate.den * c.temporal_factor / g};
-  return run;
-}
-
 // The latent as a CPU tensor [C, h, w] in the wire format, owned by the buffer that wraps it.
 GstBuffer* buffer_of(const latent::GeneratedFrame& frame, const LatentCapsInfo& caps) {
   torch::Tensor t = frame.latent[0].select(1, 0).to(torch::kCPU).to(caps.scalar_type()).contiguous();
@@ -560,7 +204,7 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
     }
     const latent::GeneratedFrame frame = std::move(s.pending.front());
     s.pending.pop_front();
-    LatentFrameStamp stamp = stamp_for(*s.run, uint64_t(frame.index));
+    LatentFrameStamp stamp = latent::gst::stamp_for(*s.run, uint64_t(frame.index));
     if (gst_base_src_is_live(GST_BASE_SRC(self))) {
       if (!GST_CLOCK_TIME_IS_VALID(s.live_offset)) {
         const GstClockTime now = running_time_now(GST_ELEMENT(self));
@@ -616,7 +260,7 @@ gboolean unlock_stop(GstBaseSrc* base) {
 bool encode_prompts(GstVideoGen* self, const Settings& s) {
   Impl& impl = *self->impl;
   if (!s.prompt || !impl.denoiser || impl.denoiser->spec().text_tokens == 0) return true;  // plan_run says why
-  const std::optional<std::string> negative = negative_to_encode(impl.denoiser->spec(), s);
+  const std::optional<std::string> negative = latent::gst::negative_to_encode(impl.denoiser->spec(), s);
   latent::TextEncoder::Options options;
   try {
     options.device = s.text_device.empty() ? impl.model_options.device : latent::resolve_device(s.text_device);
@@ -669,7 +313,9 @@ gboolean start(GstBaseSrc* base) {
   }
   if (!encode_prompts(self, settings)) return FALSE;
   try {
-    Run run = plan_run(s.ranks, settings, settings.prompt ? &s.encoded : nullptr, GST_ELEMENT(self));
+    Run run = latent::gst::plan_run(s.ranks, settings, settings.prompt ? &s.encoded : nullptr, s.model_path,
+                                    GST_ELEMENT(self));
+    if (!run.plan.empty()) GST_INFO_OBJECT(self, "%s", run.plan.c_str());
     std::lock_guard<std::mutex> lock(s.run_lock);
     s.run = std::move(run);
   } catch (const std::invalid_argument& e) {
@@ -853,14 +499,14 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     for (const latent::gst::ModelSettings& rank : per_rank) {
       auto& shared = by_device[rank.device];
       if (!shared)
-        loaded = loaded && latent::gst::load_model(element, rank, generator,
-                                                   [&](const std::string& path, const latent::LoadOptions& o) {
-                                                     shared = latent::load_denoiser(path, o);
-                                                     if (s.ranks.empty()) {
-                                                       s.model_path = path;
-                                                       s.model_options = o;
-                                                     }
-                                                   });
+        loaded = loaded && latent::gst::load_model(
+                               element, rank, generator, [&](const std::string& path, const latent::LoadOptions& o) {
+                                 shared = latent::load_denoiser(path, o, latent::gst::denoiser_files(settings));
+                                 if (s.ranks.empty()) {
+                                   s.model_path = path;
+                                   s.model_options = o;
+                                 }
+                               });
       if (!loaded) break;
       s.ranks.push_back(shared);
     }
@@ -900,7 +546,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   GST_OBJECT_LOCK(self);
   switch (id) {
     case PROP_SCHEDULE: s.schedule = g_value_get_enum(value); break;
-    case PROP_SAMPLER: s.sampler = SamplerChoice(g_value_get_enum(value)); break;
+    case PROP_SAMPLER: s.sampler = latent::gst::SamplerChoice(g_value_get_enum(value)); break;
     case PROP_STEPS: s.steps = g_value_get_uint(value); break;
     case PROP_SHIFT: s.shift = g_value_get_double(value); break;
     case PROP_GUIDANCE_SCALE: s.guidance = g_value_get_double(value); break;
@@ -918,6 +564,13 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_NEGATIVE_PROMPT: s.negative_prompt = optional_string(value); break;
     case PROP_TEXT_DEVICE: s.text_device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_INITIAL_NOISE: s.initial_noise = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_GUIDANCE_SCALE_2: s.guidance_2 = g_value_get_double(value); break;
+    case PROP_IMAGE: s.image = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_TRANSFORMER_WEIGHTS:
+      s.transformer_weights = g_value_get_string(value) ? g_value_get_string(value) : "";
+      break;
+    case PROP_LORA: s.lora = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_LORA_2: s.lora_2 = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_PARALLEL: s.parallel = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     case PROP_FORMAT: s.format = latent::gst::LatentFormat(g_value_get_enum(value)); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -967,6 +620,13 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_INITIAL_NOISE:
       g_value_set_string(value, s.initial_noise.empty() ? nullptr : s.initial_noise.c_str());
       break;
+    case PROP_GUIDANCE_SCALE_2: g_value_set_double(value, s.guidance_2); break;
+    case PROP_IMAGE: g_value_set_string(value, s.image.empty() ? nullptr : s.image.c_str()); break;
+    case PROP_TRANSFORMER_WEIGHTS:
+      g_value_set_string(value, s.transformer_weights.empty() ? nullptr : s.transformer_weights.c_str());
+      break;
+    case PROP_LORA: g_value_set_string(value, s.lora.empty() ? nullptr : s.lora.c_str()); break;
+    case PROP_LORA_2: g_value_set_string(value, s.lora_2.empty() ? nullptr : s.lora_2.c_str()); break;
     case PROP_PROMPT_EMBEDS:
       g_value_set_string(value, s.prompt_embeds.empty() ? nullptr : s.prompt_embeds.c_str());
       break;
@@ -984,9 +644,9 @@ void finalize(GObject* object) {
 void install_properties(GObjectClass* gobject) {
   latent::gst::install_model_properties(
       gobject,
-      std::string("The video diffusion model (denoiser): a diffusers Wan 2.1 or CogVideoX pipeline folder (text "
-                  "encoder and transformer run natively, any size and frame count; its transformer/ folder alone "
-                  "with prompt-embeds), a .pt2 package exported by "
+      std::string("The video diffusion model (denoiser): a diffusers Wan 2.1, Wan 2.2 (TI2V-5B, A14B) or "
+                  "CogVideoX pipeline folder (text encoder and transformer run natively, any size and frame count; "
+                  "its transformer/ folder alone with prompt-embeds), a .pt2 package exported by "
                   "tools/export_denoiser.py, or latent-gen-small weights. A .pt2 package holds compiled "
                   "native code that runs in this process: load only packages you trust, as you would a "
                   "shared library. Unset: the embedded default generator, ") +
@@ -1079,6 +739,40 @@ void install_properties(GObjectClass* gobject) {
                           "the family's diffusers pipeline latents= argument (Wan [1, C, T, h, w], CogVideoX [1, T, "
                           "C, h, w]), to reproduce another implementation's run exactly; unset: noise from seed",
                           nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_GUIDANCE_SCALE_2,
+      g_param_spec_double("guidance-scale-2", "Guidance scale 2",
+                          "Wan 2.2 A14B: the guidance of the low-noise expert (transformer_2), which runs the steps "
+                          "below the folder's boundary_ratio; -1: the same as guidance-scale. Guidance is on or off "
+                          "by guidance-scale alone (> 1), as in diffusers",
+                          -1.0, 100.0, -1.0, rw));
+  g_object_class_install_property(
+      gobject, PROP_IMAGE,
+      g_param_spec_string("image", "Image",
+                          "Image to video (Wan 2.2 TI2V folders): a picture in any format GStreamer decodes, scaled "
+                          "to width x height (Lanczos), encoded by the folder's VAE as the clip's first frame, which "
+                          "every step keeps clean; the clip schedule",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_TRANSFORMER_WEIGHTS,
+      g_param_spec_string("transformer-weights", "Transformer weights",
+                          "Wan folders: weights in place of the transformer's, the folder's config describing the "
+                          "network: diffusers or Wan-AI's original names, safetensors (single or sharded with its "
+                          ".index.json) or a torch checkpoint (.pt/.pth: the state dict, or one under generator_ema, "
+                          "generator or state_dict; read without running pickle code); read at NULL->READY",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_LORA,
+      g_param_spec_string("lora", "LoRA",
+                          "Wan folders: LoRAs merged into the transformer at load, \"FILE:SCALE[,FILE:SCALE...]\" "
+                          "(SCALE optional, 1): diffusers/PEFT files or the original Wan format (lora_down/lora_up, "
+                          "alpha, diff_b), recognised by their keys; read at NULL->READY",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_LORA_2,
+      g_param_spec_string("lora-2", "LoRA 2",
+                          "Wan 2.2 A14B: LoRAs for the second (low-noise) expert, transformer_2, as lora", nullptr,
+                          rw));
   latent::gst::install_parallel_properties(
       gobject,
       "Generates one stream on several devices: a comma-separated list, one rank per entry, each with its own copy "

@@ -111,6 +111,8 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
     : model_(model),
       sampler_(sampler),
       guidance_(options.guidance),
+      guidance_2_(options.guidance_2 < 0.0 ? options.guidance : options.guidance_2),
+      expert_boundary_(model.spec().expert_boundary),
       channels_(model.spec().channels),
       height_(height),
       width_(width),
@@ -123,6 +125,19 @@ Denoising::Denoising(const Denoiser& model, const Sampler& sampler, const Genera
   if (options.negative_text.defined() && guided())
     negative_text_ = options.negative_text.to(model.device(), model.dtype());
   if (options.initial_noise.defined()) initial_noise_ = options.initial_noise.to(model.device(), torch::kFloat);
+  if (options.condition.defined()) condition_ = options.condition.to(model.device(), torch::kFloat);
+}
+
+double Denoising::level(int64_t step) const {
+  return step >= sampler_.steps() ? 0.0 : double(static_cast<float>(sampler_.timestep(step)));
+}
+
+torch::Tensor Denoising::conditioned(const torch::Tensor& x) const {
+  if (!condition_.defined()) return x;
+  // diffusers mixes (1 - mask) * condition + mask * latents with a 0/1 mask: the same values as a copy.
+  torch::Tensor out = x.clone();
+  out.narrow(2, 0, condition_.size(2)).copy_(condition_);
+  return out;
 }
 
 std::vector<torch::Tensor> Denoising::predict(const std::vector<ModelCall>& calls) {
@@ -139,18 +154,23 @@ torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64
 torch::Tensor Denoising::evaluate(const ModelCall& call, bool uncond, parallel::Communicator* sequence_group) const {
   // Filled on the host and wrapped once: indexing a tensor element by element costs a dispatch per frame.
   std::vector<float> levels(call.steps.size());
-  for (size_t j = 0; j < call.steps.size(); ++j)
-    levels[j] = call.steps[j] >= sampler_.steps() ? 0.0f : static_cast<float>(sampler_.timestep(call.steps[j]));
+  for (size_t j = 0; j < call.steps.size(); ++j) levels[j] = static_cast<float>(level(call.steps[j]));
+  // The condition's frames are clean: timestep 0 for their tokens (the clip schedule's calls start at frame 0).
+  if (condition_.defined())
+    std::fill_n(levels.begin(), std::min<size_t>(levels.size(), size_t(condition_.size(2))), 0.0f);
   const torch::Tensor timesteps = torch::tensor(levels).view({1, -1});
   check_interrupted();
   const torch::Tensor& text = uncond ? negative_text_ : text_;
   // A group's ranks all get here with the same call: they share the one prediction (Ulysses).
-  return model_.predict(call.x, timesteps, text, sequence_group);
+  return model_.predict(conditioned(call.x), timesteps, text, sequence_group);
 }
 
-torch::Tensor Denoising::guide(const torch::Tensor& cond, const torch::Tensor& uncond) const {
+torch::Tensor Denoising::guide(const ModelCall& call, const torch::Tensor& cond, const torch::Tensor& uncond) const {
+  // The expert is chosen by the call's (integer) timestep, as the denoiser chooses it: every frame of a two-expert
+  // model's call shares it.
+  const bool second = expert_boundary_ > 0.0 && !call.steps.empty() && level(call.steps.back()) < expert_boundary_;
   // diffusers' order of operations, so a clip matches its pipelines bit for bit where the model does.
-  return uncond + guidance_ * (cond - uncond);
+  return uncond + (second ? guidance_2_ : guidance_) * (cond - uncond);
 }
 
 void Denoising::check_interrupted() const {
@@ -201,7 +221,7 @@ class LocalExecutor final : public CallExecutor {
       }
       torch::Tensor uncond = d.evaluate(c, true);
       d.count_calls(1);
-      out.push_back(d.guide(cond, uncond));
+      out.push_back(d.guide(c, cond, uncond));
     }
     return out;
   }
@@ -283,6 +303,26 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
         bad_option("a finite rolling run may end with a short window; this model needs " +
                    std::to_string(spec.min_frames) + " frames per call");
       break;
+  }
+  if (!std::isfinite(o.guidance_2)) bad_option("guidance_2 must be finite");
+  if (o.guidance_2 >= 0.0 && spec.expert_boundary <= 0.0)
+    bad_option("guidance_2 is the second expert's guidance; this model (" + spec.backend + ") has one network");
+  if (o.condition.defined()) {
+    if (o.schedule != ScheduleKind::clip)
+      bad_option(std::string("condition (image to video) is for the clip schedule, not ") +
+                 schedule_kind_name(o.schedule));
+    if (!spec.per_frame_timesteps)
+      bad_option("condition (image to video) gives its frames timestep 0; this model (" + spec.backend +
+                 ") takes one timestep per call");
+    const auto& c = o.condition;
+    if (c.dim() != 5 || c.size(0) != 1 || c.size(1) != spec.channels || c.size(2) < 1 || c.size(2) > o.frames ||
+        c.size(3) != o.height || c.size(4) != o.width || !c.is_floating_point()) {
+      std::ostringstream s;
+      s << "condition: expected floating point latents [1, " << spec.channels << ", 1.." << o.frames << ", " << o.height
+        << ", " << o.width << "], got " << c.sizes();
+      bad_option(s.str());
+    }
+    if (const std::string bad = non_finite_values(c); !bad.empty()) bad_option("condition holds " + bad);
   }
   check_text(spec, o);
   check_memory(o, spec, denoiser_->device());

@@ -110,7 +110,7 @@ std::vector<torch::Tensor> ParallelExecutor::run(Denoising& d, const std::vector
       out.push_back(prediction(c));
       continue;
     }
-    out.push_back(d.guide(prediction(2 * c), prediction(2 * c + 1)));
+    out.push_back(d.guide(calls[c], prediction(2 * c), prediction(2 * c + 1)));
   }
   return out;
 }

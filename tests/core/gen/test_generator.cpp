@@ -22,8 +22,9 @@ namespace {
 // recompute frame by frame. It records every call's timesteps.
 class PerFrameDenoiser : public Denoiser {
  public:
-  PerFrameDenoiser(Prediction prediction, int64_t window, int64_t text_tokens = 0)
-      : Denoiser(spec_for(prediction, window, text_tokens), LoadOptions{}) {}
+  // expert_boundary > 0: two experts (one network here) whose guidance the generator picks by timestep.
+  PerFrameDenoiser(Prediction prediction, int64_t window, int64_t text_tokens = 0, double expert_boundary = 0.0)
+      : Denoiser(spec_for(prediction, window, text_tokens, expert_boundary), LoadOptions{}) {}
   mutable std::vector<std::vector<float>> calls;
   // Throws (as a GPU out of memory would) on this call, once.
   mutable int64_t fail_at = -1;
@@ -44,8 +45,10 @@ class PerFrameDenoiser : public Denoiser {
   }
 
  private:
-  static DenoiserSpec spec_for(Prediction prediction, int64_t window, int64_t text_tokens) {
+  static DenoiserSpec spec_for(Prediction prediction, int64_t window, int64_t text_tokens, double expert_boundary) {
     DenoiserSpec s;
+    s.expert_boundary = expert_boundary;
+    s.per_frame_timesteps = expert_boundary <= 0.0;
     s.backend = "test";
     s.prediction = prediction;
     s.channels = 2;
@@ -346,6 +349,75 @@ TEST(Generator, GuidanceOfOneOrLessRunsThePromptAlone) {
   // A model without text takes any scale up to 1: there is nothing to guide.
   auto plain = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
   EXPECT_TRUE(torch::equal(run(plain, 0.5, false).first, run(plain, 1.0, false).first));
+}
+
+// Wan 2.2 A14B: the second expert's guidance for the calls below the boundary; guidance alone switches CFG on.
+TEST(Generator, SecondExpertGuidanceBelowTheBoundary) {
+  const auto run = [](double boundary, double guidance, double guidance_2) {
+    auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3, boundary);
+    GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::unipc, 4, 2);
+    o.text = torch::full({1, 3, 4}, 0.5);
+    o.negative_text = torch::full({1, 3, 4}, -2.0);
+    o.guidance = guidance;
+    o.guidance_2 = guidance_2;
+    Generator g(model, o);
+    return std::make_pair(g.next()[0].latent, g.model_calls());
+  };
+  auto plain = [](double guidance) {
+    auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3);
+    GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::unipc, 4, 2);
+    o.text = torch::full({1, 3, 4}, 0.5);
+    o.negative_text = torch::full({1, 3, 4}, -2.0);
+    o.guidance = guidance;
+    return Generator(model, o).next()[0].latent;
+  };
+  // Every timestep above a boundary of 0.5: the first expert's guidance throughout; below 1e6: the second's.
+  EXPECT_TRUE(torch::equal(run(0.5, 4.0, 3.0).first, plain(4.0)));
+  EXPECT_TRUE(torch::equal(run(1e6, 4.0, 3.0).first, plain(3.0)));
+  // A boundary inside the schedule mixes them; unset, the second is the first.
+  const torch::Tensor mixed = run(700.0, 4.0, 3.0).first;
+  EXPECT_FALSE(torch::equal(mixed, plain(4.0)));
+  EXPECT_FALSE(torch::equal(mixed, plain(3.0)));
+  EXPECT_TRUE(torch::equal(run(700.0, 4.0, -1.0).first, plain(4.0)));
+  // guidance <= 1 runs the prompt alone, whatever guidance_2 says.
+  const auto [off, calls] = run(700.0, 1.0, 3.0);
+  EXPECT_EQ(calls, 4);
+  EXPECT_TRUE(torch::equal(off, plain(1.0)));
+  // A model with one network has no second guidance.
+  auto one = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3);
+  GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::unipc, 4, 2);
+  o.text = torch::full({1, 3, 4}, 0.5);
+  o.guidance_2 = 2.0;
+  EXPECT_NE(option_error(one, o).find("guidance_2 is the second expert's guidance"), std::string::npos);
+}
+
+// Image to video: the condition's frames are in every model input at timestep 0 and end the clip; the other
+// frames take their own trajectory (this denoiser's frames do not see each other).
+TEST(Generator, ConditionFramesStayCleanInEveryCallAndEndTheClip) {
+  auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4);
+  GeneratorOptions o = options(ScheduleKind::clip, SamplerKind::unipc, 3, 3);
+  Generator free_run(model, o);
+  const std::vector<GeneratedFrame> free_frames = free_run.next();
+  model->calls.clear();
+  o.condition = torch::randn({1, 2, 1, 3, 5});
+  Generator g(model, o);
+  const std::vector<GeneratedFrame> frames = g.next();
+  ASSERT_EQ(frames.size(), 3u);
+  ASSERT_EQ(model->calls.size(), 3u);
+  for (const auto& call : model->calls) {
+    EXPECT_EQ(call[0], 0.0f);
+    EXPECT_GT(call[1], 0.0f);
+  }
+  EXPECT_TRUE(torch::equal(frames[0].latent, o.condition));
+  for (size_t k = 1; k < 3; ++k) EXPECT_TRUE(torch::equal(frames[k].latent, free_frames[k].latent)) << k;
+
+  o.condition = torch::randn({1, 2, 1, 4, 5});
+  EXPECT_NE(option_error(model, o).find("condition: expected"), std::string::npos);
+  o.condition = torch::full({1, 2, 1, 3, 5}, std::nan(""));
+  EXPECT_NE(option_error(model, o).find("condition holds"), std::string::npos);
+  o = options(ScheduleKind::fifo, SamplerKind::unipc, 3, 0);
+  o.condition = torch::zeros({1, 2, 1, 3, 5});
+  EXPECT_NE(option_error(model, o).find("for the clip schedule"), std::string::npos);
 }
 
 // One NaN in a user's starting latents would make every frame NaN without a word: it is refused by name.

@@ -52,6 +52,13 @@ struct DenoiserSpec {
   // model conditioned on one timestep per call (CogVideoX): predict() then takes only equal values, and only the
   // clip schedule, whose frames share every step, can drive it.
   bool per_frame_timesteps = true;
+  // Whether its pipeline conditions on an image as clean first latent frames at timestep 0 (GeneratorOptions::
+  // condition): Wan 2.2 TI2V's per-token timesteps (model_index.json's expand_timesteps).
+  bool image_condition = false;
+  // Two experts (Wan 2.2 A14B): calls at a timestep >= this run the first (high-noise) network, the others the
+  // second, whose guidance scale may differ (GeneratorOptions::guidance_2). 0 for a single network. A call's frames
+  // all share one timestep then (per_frame_timesteps is false).
+  double expert_boundary = 0.0;
   // The layout its reference pipeline draws noise in from its seeded generator: [1, T, C, h, w] where true
   // (CogVideoXPipeline keeps latents frames first), else [1, C, T, h, w] (Wan). A Generator draws every noise tensor
   // (the start and a stochastic sampler's steps) in this layout, so a seed gives the pipeline's numbers.

@@ -56,6 +56,10 @@ struct GeneratorOptions {
   // above 1, as in diffusers' pipelines (do_classifier_free_guidance = guidance_scale > 1): a scale of 1 or less
   // runs the prompt alone, one model call per step, and never extrapolates away from the prompt.
   double guidance = 1.0;
+  // A two-expert model's (DenoiserSpec::expert_boundary > 0) scale for the calls its second expert runs (timesteps
+  // below the boundary), as diffusers' guidance_scale_2; < 0: guidance. Guidance is on or off for the whole run by
+  // `guidance` alone, as in diffusers: with guidance <= 1 this is ignored.
+  double guidance_2 = -1.0;
   torch::Tensor text;           // [1, L, D] prompt embeddings, for a model that takes text
   torch::Tensor negative_text;  // the same shape; needed when guidance > 1
   // The noise comes from a CPU generator with this seed: the same seed gives the same latents on every device.
@@ -63,6 +67,11 @@ struct GeneratorOptions {
   // clip only: the starting noise [1, C, frames, h, w] instead of the seeded draw, e.g. a reference pipeline's
   // latents= to reproduce its run. Any device and floating dtype; it is copied to float32 on the model's device.
   torch::Tensor initial_noise;
+  // clip only, image to video: the latents [1, C, k, h, w] of the clip's first k frames (an image encoded by the
+  // VAE, in diffusion space). Every model input has them in place of its first k frames, at timestep 0, and the
+  // clip ends with them, as diffusers' WanImageToVideoPipeline with expand_timesteps (Wan 2.2 TI2V). The sampler
+  // still steps those frames; their values never reach the output. Needs a model with per-frame timesteps.
+  torch::Tensor condition;
   // Called on the generating thread after every iteration, so a run of minutes shows how far it is before its
   // first frame. Ranks of a group call it on rank 0 only.
   std::function<void(const GeneratorProgress&)> progress;

@@ -33,6 +33,15 @@ std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, co
                                                const DenoiserFiles& files);
 std::shared_ptr<Denoiser> load_cogvideox_transformer(const DiffusersFolder& folder, const LoadOptions& opt,
                                                      const DenoiserFiles& files);
+// gen/models/wan_experts.cpp: Wan 2.2 A14B's two experts as one denoiser, `high` for the calls at timesteps >=
+// spec.expert_boundary, `low` for the others. Each loader makes its expert on options.device; with
+// `both_resident` false only the expert in use is kept, the other made again when its turn comes.
+using ExpertLoader = std::function<std::shared_ptr<Denoiser>()>;
+std::shared_ptr<Denoiser> make_wan_experts(ExpertLoader high, ExpertLoader low, DenoiserSpec spec,
+                                           const LoadOptions& options, bool both_resident);
+// Whether `device` holds two experts of `expert_bytes` each with room for a call: always on the CPU (the weights
+// are mapped from their files), on a GPU by its free memory. LATENT_RESIDENT_EXPERTS=1 or 2 decides instead.
+bool keep_both_experts(torch::Device device, size_t expert_bytes);
 // The position tables a native CogVideoX denoiser keeps for latents of frames x height x width (the sin-cos
 // positions, or RoPE's cos and sin), without making them: empty where it keeps none. For tests of the cache.
 std::vector<torch::Tensor> cogvideox_cached_tables(const Denoiser& model, int64_t frames, int64_t height,

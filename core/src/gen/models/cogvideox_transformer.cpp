@@ -150,6 +150,7 @@ SchedulerChoice parse_scheduler(const fs::path& file, bool rope) {
   // CogVideoXDPMScheduler (the 5B folders') has the same noise schedule and timesteps and its own stochastic
   // second-order step. The pipeline's eta reaches neither scheduler's update, so there is no setting for it.
   c.sampler.kind = cls == "CogVideoXDPMScheduler" ? SamplerKind::dpm : SamplerKind::ddim;
+  r.no_other_keys();
   return c;
 }
 

@@ -113,6 +113,124 @@ std::optional<Located> locate(const fs::path& path) {
 
 }  // namespace
 
+// What a supported pipeline class may hold in model_index.json: its components (["library", "Class"] or
+// [null, null]) and flags. Anything else is refused by name.
+struct PipelineKind {
+  const char* name;
+  bool wan;  // the Wan family: flags boundary_ratio and expand_timesteps, component transformer_2
+  bool image_components;
+};
+constexpr PipelineKind kPipelines[] = {
+    {"WanPipeline", true, false},
+    {"WanImageToVideoPipeline", true, true},
+    {"CogVideoXPipeline", false, false},
+};
+
+// A component entry: ["library", "Class"], or null / [null, null] for none. The class, or "" for none.
+std::string component_class(const json::Value& v, const std::string& key, const std::string& where) {
+  if (v.is_null()) return "";
+  if (!v.is_array() || v.as_array().size() != 2)
+    throw ModelError(where + ": \"" + key + "\" is not a [library, class] pair");
+  const json::Value& cls = v.as_array()[1];
+  if (cls.is_null()) return "";
+  if (!cls.is_string()) throw ModelError(where + ": \"" + key + "\" has a class that is not a string");
+  return cls.as_string();
+}
+
+std::optional<LatentSpace> read_latent_space(const fs::path& vae_dir) {
+  const fs::path file = vae_dir / "config.json";
+  if (!present(file)) return std::nullopt;
+  const json::Value v = read_json_object(file);
+  ConfigReader r(v, file.string());
+  const std::string cls = class_name_of(v);
+  LatentSpace ls;
+  if (cls == "AutoencoderKLWan") {
+    ls.id = r.boolean("is_residual", false) ? "wan2.2" : "wan2.1";
+    ls.channels = r.integer("z_dim", 16, 1, 1 << 16);
+    ls.spatial_factor = r.integer("scale_factor_spatial", 8, 1, 64);
+    ls.temporal_factor = r.integer("scale_factor_temporal", 4, 1, 64);
+  } else if (cls == "AutoencoderKLCogVideoX") {
+    ls.id = "cogvideox";
+    ls.channels = r.integer("latent_channels", 16, 1, 1 << 16);
+    ls.temporal_factor = r.integer("temporal_compression_ratio", 4, 1, 64);
+  } else {
+    throw ModelError(file.string() + ": VAE \"" + cls +
+                     "\" is not supported (AutoencoderKLWan, AutoencoderKLCogVideoX)");
+  }
+  return ls;
+}
+
+// Reads model_index.json into `f`, refusing what the native backends would not run as described.
+void read_pipeline_index(const fs::path& root, const fs::path& index, DiffusersFolder& f) {
+  const json::Value v = read_json_object(index);
+  const std::string where = index.string();
+  f.pipeline_class = class_name_of(v);
+  const PipelineKind* kind = nullptr;
+  std::string known;
+  for (const PipelineKind& k : kPipelines) {
+    if (f.pipeline_class == k.name) kind = &k;
+    known += (known.empty() ? "" : ", ") + std::string(k.name);
+  }
+  if (!kind)
+    throw ModelError(where + ": pipeline \"" + f.pipeline_class + "\" is not supported natively (supported: " + known +
+                     ")");
+  std::set<std::string> components = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"};
+  std::set<std::string> flags;
+  if (kind->wan) {
+    components.insert("transformer_2");
+    flags = {"boundary_ratio", "expand_timesteps"};
+  }
+  if (kind->image_components) components.insert({"image_encoder", "image_processor"});
+  std::string transformer_2;
+  std::optional<double> boundary;
+  for (const auto& [key, value] : v.as_object()) {
+    if (key.rfind('_', 0) == 0) continue;  // diffusers' bookkeeping
+    if (components.count(key)) {
+      const std::string cls = component_class(value, key, where);
+      if (key == "transformer" && cls.empty()) throw ModelError(where + ": \"transformer\" is not set");
+      if (key == "transformer_2") transformer_2 = cls;
+      if ((key == "image_encoder" || key == "image_processor") && !cls.empty())
+        throw ModelError(where + ": \"" + key + "\" is set (" + cls +
+                         "): image to video through an image encoder (Wan 2.1 I2V) is not supported natively; "
+                         "Wan 2.2 TI2V folders (expand_timesteps) take an image without one");
+      continue;
+    }
+    if (!flags.count(key))
+      throw ModelError(where + ": \"" + key + "\" is not known for " + f.pipeline_class +
+                       " (a newer pipeline version?): refusing a folder whose model would not run as it says");
+    if (key == "expand_timesteps") {
+      if (!value.is_null() && !value.is_bool()) throw ModelError(where + ": \"expand_timesteps\" is not true or false");
+      f.expand_timesteps = value.is_bool() && value.as_bool();
+    } else if (key == "boundary_ratio" && !value.is_null()) {
+      double b = 0;
+      try {
+        b = value.as_double();
+      } catch (const json::Error&) {
+        throw ModelError(where + ": \"boundary_ratio\" is not a number");
+      }
+      if (!(b > 0.0 && b < 1.0)) throw ModelError(where + ": \"boundary_ratio\" must be in (0, 1)");
+      boundary = b;
+    }
+  }
+  if (!transformer_2.empty() && !boundary)
+    throw ModelError(where + ": \"transformer_2\" is set without \"boundary_ratio\": which steps it takes is unknown");
+  if (boundary && transformer_2.empty())
+    throw ModelError(where + ": \"boundary_ratio\" is set without \"transformer_2\": there is no second expert");
+  if (!transformer_2.empty()) {
+    if (transformer_2 != "WanTransformer3DModel")
+      throw ModelError(where + ": \"transformer_2\" is " + transformer_2 + ", not WanTransformer3DModel");
+    f.transformer_2 = root / "transformer_2";
+    if (!present(f.transformer_2 / "config.json"))
+      throw ModelError(root.string() +
+                       ": model_index.json names transformer_2, and transformer_2/config.json is missing");
+    f.boundary_ratio = *boundary;
+  }
+  if (const json::Value* vae = v.find("vae"); vae && !component_class(*vae, "vae", where).empty()) {
+    f.vae = root / "vae";
+    f.latent_space = read_latent_space(f.vae);
+  }
+}
+
 bool is_diffusers_folder(const fs::path& path) { return locate(path).has_value(); }
 
 DiffusersFolder read_diffusers_folder(const fs::path& path) {
@@ -123,7 +241,9 @@ DiffusersFolder read_diffusers_folder(const fs::path& path) {
   f.scheduler = where->scheduler;
   f.config_file = where->transformer / "config.json";
   if (!where->model_index.empty() && present(where->model_index))
-    f.pipeline_class = class_name_of(read_json_object(where->model_index));
+    read_pipeline_index(where->model_index.parent_path(), where->model_index, f);
+  else if (!where->model_index.empty() && present(where->model_index.parent_path() / "vae" / "config.json"))
+    f.latent_space = read_latent_space(f.vae = where->model_index.parent_path() / "vae");
   if (!present(f.config_file)) throw ModelError(path.string() + ": pipeline folder has no transformer/config.json");
   f.config = read_json_object(f.config_file);
   f.transformer_class = class_name_of(f.config);

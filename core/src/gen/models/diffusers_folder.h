@@ -45,6 +45,15 @@ class ConfigReader {
   std::set<std::string> seen_;
 };
 
+// The latents a pipeline's VAE makes, read from its vae/config.json: what the caps call the model (the VAE
+// family's VaeSpec::model_id), channels and compression.
+struct LatentSpace {
+  std::string id;  // "wan2.1", "wan2.2", "cogvideox"
+  int64_t channels = 16;
+  int64_t spatial_factor = 8;
+  int64_t temporal_factor = 4;
+};
+
 struct DiffusersFolder {
   std::filesystem::path transformer;  // the folder with config.json and the weights
   std::filesystem::path config_file;  // transformer/config.json
@@ -52,13 +61,24 @@ struct DiffusersFolder {
   json::Value config;                 // config_file's object
   std::string transformer_class;      // its "_class_name"
   std::string pipeline_class;         // model_index.json's "_class_name"; "" for a bare transformer folder
+  // What model_index.json decides beyond the components every pipeline has (defaults without one): a second
+  // expert (Wan 2.2 A14B: transformer_2/ and the boundary_ratio of the steps it takes) and per-token timesteps
+  // (Wan 2.2 TI2V-5B: expand_timesteps, which makes image to video possible).
+  std::filesystem::path transformer_2;  // empty for a single network
+  double boundary_ratio = 0.0;          // 0 without a second expert
+  bool expand_timesteps = false;
+  std::optional<LatentSpace> latent_space;  // from vae/config.json; none without a vae/ folder
+  std::filesystem::path vae;                // the vae/ folder; empty without one
 };
 
 // A pipeline folder (model_index.json or transformer/config.json) or a transformer folder (config.json beside
 // diffusion_pytorch_model.safetensors or its shard index).
 bool is_diffusers_folder(const std::filesystem::path& path);
 
-// Locates and parses the transformer's config; ModelError naming the file when one is missing or not JSON.
+// Locates and parses the transformer's config and the pipeline's model_index.json, which is read whole: a
+// pipeline class, component or flag the native backends do not implement is a ModelError naming the key (never
+// ignored, so a folder never loads to run a different model than it describes). ModelError naming the file when
+// one is missing or not JSON.
 DiffusersFolder read_diffusers_folder(const std::filesystem::path& path);
 
 }  // namespace latent

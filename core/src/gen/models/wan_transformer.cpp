@@ -134,16 +134,28 @@ SamplerOptions parse_scheduler(const fs::path& file) {
       require_bool(k, false, false);
     if (const json::Value* d = r.get("disable_corrector"); d && !(d->is_array() && d->as_array().empty()))
       r.fail("disable_corrector", "must be empty");
+    if (r.get("solver_p")) r.fail("solver_p", "is set: only UniPC's own predictor is supported");
+    // With flow sigmas the schedule is the shifted linspace alone: the betas, the spacing and its offset, the
+    // Karras range and the dynamic-shift kind never enter it, and the threshold values only act with
+    // thresholding, which is refused above.
+    for (const char* k : {"beta_start", "beta_end", "beta_schedule", "trained_betas", "timestep_spacing",
+                          "steps_offset", "rescale_betas_zero_snr", "sigma_min", "sigma_max", "time_shift_type",
+                          "dynamic_thresholding_ratio", "sample_max_value"})
+      r.ignore(k);
   } else if (cls == "FlowMatchEulerDiscreteScheduler") {
     s.kind = SamplerKind::euler;
     s.shift = r.number("shift", 1.0, 1e-3, 1e3);
     for (const char* k : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_dynamic_shifting",
                           "invert_sigmas", "stochastic_sampling"})
       require_bool(k, false, false);
+    // Only dynamic shifting, refused above, reads these.
+    for (const char* k : {"base_shift", "max_shift", "base_image_seq_len", "max_image_seq_len", "time_shift_type"})
+      r.ignore(k);
   } else {
     throw ModelError(where + ": scheduler \"" + cls +
                      "\" is not supported (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)");
   }
+  r.no_other_keys();
   return s;
 }
 
@@ -464,15 +476,59 @@ class WanTransformer : public Denoiser {
 
 }  // namespace
 
+namespace {
+
+// The latent space of the folder's VAE; without a vae/ folder, the one the channels name (16: Wan 2.1's VAE, 48:
+// Wan 2.2's), as a transformer folder given alone with prompt-embeds has no other clue.
+LatentSpace wan_latent_space(const DiffusersFolder& folder, const WanConfig& cfg) {
+  if (folder.latent_space) {
+    const LatentSpace& ls = *folder.latent_space;
+    if (ls.id == "cogvideox")
+      throw ModelError(folder.vae.string() + ": a CogVideoX VAE in a Wan pipeline; its latents are not Wan's");
+    if (ls.channels != cfg.in_channels)
+      throw ModelError(folder.config_file.string() + ": the transformer takes " + std::to_string(cfg.in_channels) +
+                       " latent channels and the folder's VAE (" + folder.vae.string() + ") makes " +
+                       std::to_string(ls.channels));
+    return ls;
+  }
+  if (cfg.in_channels == 48) return {"wan2.2", 48, 16, 4};
+  return {"wan2.1", cfg.in_channels, 8, 4};
+}
+
+// The network's parameters from its config (the embeddings, blocks and head), for what the device must hold.
+int64_t parameter_count(const WanConfig& c) {
+  const int64_t d = c.dim(), patch = c.in_channels * c.pt * c.ph * c.pw;
+  const int64_t block = 8 * d * d + 8 * d + 2 * d * c.ffn_dim + c.ffn_dim + d + 12 * d;
+  const int64_t embed = (c.text_dim + 1) * d + (d + 1) * d + (c.freq_dim + 1) * d + (d + 1) * d + (d + 1) * 6 * d +
+                        (patch + 1) * d + (d + 1) * c.out_channels * c.pt * c.ph * c.pw + 2 * d;
+  return c.layers * block + embed;
+}
+
+std::shared_ptr<WanTransformer> load_network(const fs::path& dir, const WanConfig& cfg, const DenoiserSpec& spec,
+                                             const WeightEdits& edits, const LoadOptions& opt) {
+  WeightSource src = wan_transformer_weights(dir, edits);
+  auto model = std::make_shared<WanTransformer>(cfg, spec, src, opt);
+  settle_residency(src);
+  return model;
+}
+
+}  // namespace
+
 std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, const LoadOptions& opt,
                                                const DenoiserFiles& files) {
+  if (!folder.pipeline_class.empty() && folder.pipeline_class.rfind("Wan", 0) != 0)
+    throw ModelError(folder.transformer.parent_path().string() + ": pipeline \"" + folder.pipeline_class +
+                     "\" with a Wan transformer");
   const WanConfig cfg = parse_config(folder.config, folder.config_file.string());
+  const LatentSpace latents = wan_latent_space(folder, cfg);
 
   DenoiserSpec spec;
-  spec.backend = "wan2.1";
+  spec.backend = latents.id == "wan2.2" || !folder.transformer_2.empty() ? "wan2.2" : "wan2.1";
   spec.prediction = Prediction::flow;
-  spec.latent_space = "wan2.1";
+  spec.latent_space = latents.id;
   spec.channels = cfg.in_channels;
+  spec.temporal_factor = latents.temporal_factor;
+  spec.spatial_factor = latents.spatial_factor;
   spec.min_frames = 1;
   spec.window = std::min(kMaxWindow, cfg.rope_max_seq_len);
   spec.native_frames = std::min<int64_t>(kTrainedFrames, spec.window);
@@ -480,14 +536,31 @@ std::shared_ptr<Denoiser> load_wan_transformer(const DiffusersFolder& folder, co
   spec.text_tokens = kTextTokens;
   spec.text_dim = cfg.text_dim;
   spec.sampler = parse_scheduler(folder.scheduler);
-  spec.guidance = 5.0;      // WanPipeline's guidance_scale
-  spec.native_height = 60;  // 480x832 video
-  spec.native_width = 104;
+  spec.guidance = 5.0;  // WanPipeline's guidance_scale
+  spec.image_condition = folder.expand_timesteps;
+  // WanPipeline's 480x832 video, in latents of the folder's VAE (whose patch the size must also divide).
+  spec.native_height = 480 / latents.spatial_factor / spec.size_multiple * spec.size_multiple;
+  spec.native_width = 832 / latents.spatial_factor / spec.size_multiple * spec.size_multiple;
 
-  WeightSource src = wan_transformer_weights(folder.transformer, files.first);
-  auto model = std::make_shared<WanTransformer>(cfg, std::move(spec), src, opt);
-  settle_residency(src);
-  return model;
+  if (folder.transformer_2.empty()) {
+    if (!files.second.empty())
+      throw ModelError(folder.transformer.parent_path().string() +
+                       ": weights or LoRAs for a second expert, and the folder has one transformer");
+    return load_network(folder.transformer, cfg, spec, files.first, opt);
+  }
+  // Two experts (Wan 2.2 A14B): the second shares the first's interface, so one spec describes both.
+  const fs::path config_2 = folder.transformer_2 / "config.json";
+  const WanConfig cfg_2 = parse_config(read_json_object(config_2), config_2.string());
+  if (cfg_2.in_channels != cfg.in_channels || cfg_2.text_dim != cfg.text_dim || cfg_2.ph != cfg.ph ||
+      cfg_2.pw != cfg.pw || cfg_2.heads != cfg.heads || cfg_2.rope_max_seq_len != cfg.rope_max_seq_len)
+    throw ModelError(config_2.string() + ": the second expert's channels, text width, patch, heads or positions " +
+                     "differ from transformer/config.json's");
+  spec.expert_boundary = folder.boundary_ratio * double(spec.sampler.train_timesteps);
+  spec.per_frame_timesteps = false;
+  ExpertLoader high = [=] { return load_network(folder.transformer, cfg, spec, files.first, opt); };
+  ExpertLoader low = [=] { return load_network(folder.transformer_2, cfg_2, spec, files.second, opt); };
+  const size_t bytes = size_t(parameter_count(cfg_2)) * torch::elementSize(opt.dtype);
+  return make_wan_experts(std::move(high), std::move(low), spec, opt, keep_both_experts(opt.device, bytes));
 }
 
 }  // namespace latent

@@ -66,8 +66,10 @@ class Denoising {
   // One evaluation of `call`: with the text, or with the negative text when `uncond`. Throws Interrupted while
   // interrupted. `sequence_group`: the ranks that run this evaluation together (Ulysses), null for one.
   torch::Tensor evaluate(const ModelCall& call, bool uncond, parallel::Communicator* sequence_group = nullptr) const;
-  // uncond + guidance * (cond - uncond).
-  torch::Tensor guide(const torch::Tensor& cond, const torch::Tensor& uncond) const;
+  // uncond + guidance * (cond - uncond), with the guidance of the expert that runs `call`.
+  torch::Tensor guide(const ModelCall& call, const torch::Tensor& cond, const torch::Tensor& uncond) const;
+  // x [1, C, T, h, w] with GeneratorOptions::condition in place of its first frames; x itself without one.
+  torch::Tensor conditioned(const torch::Tensor& x) const;
   void count_calls(int64_t n) { calls_ += n; }
   void check_interrupted() const;
   CallExecutor& executor() { return *executor_; }
@@ -83,8 +85,12 @@ class Denoising {
  private:
   const Denoiser& model_;
   const Sampler& sampler_;
-  double guidance_;
+  // The model's timestep of `step` (0 once clean).
+  double level(int64_t step) const;
+  double guidance_, guidance_2_;
+  double expert_boundary_;
   torch::Tensor text_, negative_text_;
+  torch::Tensor condition_;
   torch::Tensor initial_noise_;
   int64_t channels_, height_, width_;
   bool frames_first_;

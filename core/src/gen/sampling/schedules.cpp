@@ -32,7 +32,7 @@ class ClipSchedule final : public Schedule {
       x = sampler.step(x, out, i, history, d.step_noise(x));
     }
     done_ = true;
-    return frames_of(x, 0);
+    return frames_of(d.conditioned(x), 0);
   }
   bool finished() const override { return done_; }
   size_t bytes() const override { return 0; }

@@ -1,0 +1,126 @@
+// Decoding the image with a small pipeline of its own, so every format a GStreamer install reads is taken.
+#include "generation_image.h"
+
+#include <gst/gst.h>
+#include <gst/video/video.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+#include "latent/vae/streaming.h"
+#include "latent/vae/vae.h"
+
+namespace latent::gst {
+namespace {
+
+struct FirstFrame {
+  std::mutex lock;
+  torch::Tensor rgb;  // uint8 [H, W, 3]
+};
+
+void on_handoff(GstElement*, GstBuffer* buffer, GstPad* pad, gpointer data) {
+  auto* first = static_cast<FirstFrame*>(data);
+  std::lock_guard<std::mutex> guard(first->lock);
+  if (first->rgb.defined()) return;
+  GstCaps* caps = gst_pad_get_current_caps(pad);
+  GstVideoInfo info;
+  const bool known = caps && gst_video_info_from_caps(&info, caps);
+  if (caps) gst_caps_unref(caps);
+  GstVideoFrame frame;
+  if (!known || !gst_video_frame_map(&frame, &info, buffer, GST_MAP_READ)) return;
+  const int w = GST_VIDEO_FRAME_WIDTH(&frame), h = GST_VIDEO_FRAME_HEIGHT(&frame);
+  const int stride = GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0);
+  auto* data8 = static_cast<uint8_t*>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0));
+  // Rows may be padded: copied row by row into a packed tensor.
+  torch::Tensor rgb = torch::empty({h, w, 3}, torch::kUInt8);
+  for (int y = 0; y < h; ++y) std::memcpy(rgb[y].data_ptr(), data8 + size_t(y) * size_t(stride), size_t(w) * 3);
+  gst_video_frame_unmap(&frame);
+  first->rgb = rgb;
+}
+
+}  // namespace
+
+torch::Tensor read_image(const std::string& path, int width, int height) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw std::invalid_argument("image " + path + ": no such file");
+  const std::string description =
+      "filesrc name=src ! decodebin ! videoconvert ! videoscale method=lanczos ! video/x-raw,format=RGB,width=" +
+      std::to_string(width) + ",height=" + std::to_string(height) + ",pixel-aspect-ratio=1/1 ! fakesink name=sink " +
+      "signal-handoffs=true sync=false";
+  GError* error = nullptr;
+  GstElement* pipeline = gst_parse_launch(description.c_str(), &error);
+  if (!pipeline) {
+    const std::string what = error ? error->message : "unknown error";
+    g_clear_error(&error);
+    throw std::runtime_error("image decoding pipeline: " + what);
+  }
+  g_clear_error(&error);
+  GstElement* src = gst_bin_get_by_name(GST_BIN(pipeline), "src");
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "sink");
+  g_object_set(src, "location", path.c_str(), nullptr);
+  FirstFrame first;
+  g_signal_connect(sink, "handoff", G_CALLBACK(on_handoff), &first);
+  gst_object_unref(src);
+  gst_object_unref(sink);
+
+  std::string failure;
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  GstBus* bus = gst_element_get_bus(pipeline);
+  // Until the first frame, the end or an error; a stream that never ends (an image sequence) stops at its first.
+  for (;;) {
+    GstMessage* msg =
+        gst_bus_timed_pop_filtered(bus, 50 * GST_MSECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+    {
+      std::lock_guard<std::mutex> guard(first.lock);
+      if (first.rgb.defined()) {
+        if (msg) gst_message_unref(msg);
+        break;
+      }
+    }
+    if (!msg) continue;
+    if (GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
+      GError* err = nullptr;
+      gst_message_parse_error(msg, &err, nullptr);
+      failure = err ? err->message : "decoding failed";
+      g_clear_error(&err);
+    } else {
+      failure = "no picture in it";
+    }
+    gst_message_unref(msg);
+    break;
+  }
+  gst_object_unref(bus);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(pipeline);
+  std::lock_guard<std::mutex> guard(first.lock);
+  if (!first.rgb.defined())
+    throw std::invalid_argument("image " + path + ": cannot be read as a picture: " +
+                                (failure.empty() ? "no frame" : failure));
+  // diffusers' VaeImageProcessor: u8 / 255, then 2 x - 1, in float32.
+  return first.rgb.permute({2, 0, 1}).unsqueeze(0).to(torch::kFloat).div(255.0).mul(2.0).sub(1.0);
+}
+
+torch::Tensor encode_image(const torch::Tensor& rgb, const std::filesystem::path& model_dir,
+                           const DenoiserSpec& spec, torch::Device device) {
+  std::error_code ec;
+  const std::filesystem::path vae_dir =
+      std::filesystem::is_directory(model_dir / "vae", ec) ? model_dir / "vae" : model_dir;
+  std::shared_ptr<Vae> vae = load_vae(vae_dir, {device, torch::kFloat});
+  if (vae->spec().model_id != spec.latent_space || vae->spec().latent_channels != spec.channels)
+    throw std::invalid_argument("image: the VAE in " + vae_dir.string() + " makes " + vae->spec().model_id +
+                                " latents of " + std::to_string(vae->spec().latent_channels) +
+                                " channels; the model takes " + spec.latent_space + " latents of " +
+                                std::to_string(spec.channels));
+  StreamingEncoder encoder(vae);  // the posterior mean, normalised to diffusion space
+  EncodedLatents first = encoder.push(rgb);
+  EncodedLatents rest = encoder.finish();
+  const torch::Tensor latents = first.size() > 0 ? first.latents : rest.latents;  // [T', C, h, w]
+  if (latents.size(0) != 1)
+    throw std::runtime_error("image: the VAE made " + std::to_string(latents.size(0)) + " latents of one picture");
+  return latents.to(torch::kFloat).permute({1, 0, 2, 3}).unsqueeze(0);  // [1, C, 1, h, w]
+}
+
+}  // namespace latent::gst
