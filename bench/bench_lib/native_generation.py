@@ -45,9 +45,9 @@ LATENTS, HEIGHT, WIDTH = 9, 16, 16  # 33 frames of 128x128: 576 tokens against t
 NOISE_SEED = 42
 
 # Wan 2.2 TI2V-5B's transformer config but for its depth: 2 of its 30 layers. Each layer of the 5B is 164 M
-# parameters (0.66 GB in float32) and the embeddings and head another 90 M, so 2 layers are 418 M (1.7 GB): what
-# sets the count is time, not memory (4 layers would peak at about 3.5 GB native and 6.5 GB in diffusers, which builds
-# the module and then loads the file into it): a full-width layer costs about 4 CPU seconds per model call
+# parameters (0.66 GB in float32) and the embeddings and head another 90 M, so 2 layers are 418 M (1.7 GB). What
+# sets the count is time, not memory (4 layers would peak at about 3.5 GB native and 6.5 GB in diffusers, which
+# builds the module and then loads the file into it): a full-width layer costs about 4 CPU seconds per model call
 # at 576 tokens, and the bench makes repeat x (1 + 2) x steps calls a side (without guidance, then with it).
 TI2V_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=24, attention_head_dim=128, in_channels=48,
                    out_channels=48, text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=2, cross_attn_norm=True,
