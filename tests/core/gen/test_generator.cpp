@@ -361,7 +361,8 @@ TEST(Generator, SecondExpertGuidanceBelowTheBoundary) {
     o.guidance = guidance;
     o.guidance_2 = guidance_2;
     Generator g(model, o);
-    return std::make_pair(g.next()[0].latent, g.model_calls());
+    torch::Tensor x = g.next()[0].latent;
+    return std::make_pair(x, g.model_calls());
   };
   auto plain = [](double guidance) {
     auto model = std::make_shared<PerFrameDenoiser>(Prediction::flow, 4, 3);
