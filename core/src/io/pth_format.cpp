@@ -415,8 +415,9 @@ std::string op_label(uint8_t code) {
 
 class Machine {
  public:
-  Machine(std::span<const std::byte> pkl, const Archive& archive, std::string_view label)
-      : pkl_(pkl), archive_(archive), label_(label) {}
+  Machine(std::span<const std::byte> pkl, const Archive& archive, std::string_view label,
+          std::span<const std::string_view> containers)
+      : pkl_(pkl), archive_(archive), label_(label), containers_(containers) {}
 
   Checkpoint run();
 
@@ -557,6 +558,7 @@ class Machine {
   std::span<const std::byte> pkl_;
   const Archive& archive_;
   std::string_view label_;
+  std::span<const std::string_view> containers_;
   size_t pos_ = 0;
   size_t op_at_ = 0;
   uint8_t op_ = 0;
@@ -749,13 +751,17 @@ Value Machine::call(const Value& callable, const Value& args_value) {
 }
 
 Checkpoint Machine::result(Value root) {
-  // Trainer checkpoints wrap the weights; the order of the keys is the one the loader has always used.
-  for (const char* key : {"state_dict", "model"}) {
+  // Trainer checkpoints wrap the weights; the caller says which keys, in which order.
+  std::string taken;
+  for (std::string_view key : containers_) {
     auto name = interned_.find(key);
     if (root.kind != Kind::Dict || name == interned_.end()) continue;
     const Dict& d = dicts_[root.ref];
-    if (auto it = d.by_name.find(name->second); it != d.by_name.end() && d.items[it->second].second.kind == Kind::Dict)
+    if (auto it = d.by_name.find(name->second);
+        it != d.by_name.end() && d.items[it->second].second.kind == Kind::Dict) {
       root = d.items[it->second].second;
+      taken += (taken.empty() ? "" : ".") + std::string(key);
+    }
   }
   if (root.kind != Kind::Dict)
     fail(label_, std::string("the pickled object is ") + kind_name(root.kind) + ", not a dict of tensors");
@@ -771,6 +777,7 @@ Checkpoint Machine::result(Value root) {
     out.tensors.push_back(std::move(t));
   }
   if (out.tensors.empty()) fail(label_, "no tensors in the checkpoint's dict");
+  out.container = std::move(taken);
   return out;
 }
 
@@ -920,11 +927,13 @@ Checkpoint Machine::run() {
 
 }  // namespace
 
-Checkpoint read_pickle(std::span<const std::byte> pkl, const Archive& archive, std::string_view label) {
-  return Machine(pkl, archive, label).run();
+Checkpoint read_pickle(std::span<const std::byte> pkl, const Archive& archive, std::string_view label,
+                       std::span<const std::string_view> containers) {
+  return Machine(pkl, archive, label, containers).run();
 }
 
-Checkpoint parse(std::span<const std::byte> file, std::string_view label) {
+Checkpoint parse(std::span<const std::byte> file, std::string_view label,
+                 std::span<const std::string_view> containers) {
   const Archive archive = read_archive(file, label);
   if (const Record* r = archive.find("byteorder")) {
     const std::string_view order(reinterpret_cast<const char*>(file.data() + r->offset), r->size);
@@ -932,7 +941,7 @@ Checkpoint parse(std::span<const std::byte> file, std::string_view label) {
     if (order != "little") fail(label, "byteorder record holds " + printable(order) + ", not 'little' or 'big'");
   }
   const Record* pkl = archive.find("data.pkl");
-  return read_pickle(file.subspan(pkl->offset, pkl->size), archive, label);
+  return read_pickle(file.subspan(pkl->offset, pkl->size), archive, label, containers);
 }
 
 }  // namespace latent::pth

@@ -88,7 +88,11 @@ struct Tensor {
 struct Checkpoint {
   std::vector<Tensor> tensors;              // in the dict's order
   std::map<std::string, Storage> storages;  // those the tensors use
+  std::string container;                    // the keys descended into, "." between; empty for the top level
 };
+
+// The keys a state dict is looked for under when none are named: the ones the loader has always used.
+inline constexpr std::string_view kDefaultContainers[] = {"state_dict", "model"};
 
 // Bounds on the pickle machine; a file beyond one of them is refused. State dicts stay far below: their
 // containers nest a few levels deep, pickle batches at most 1000 items between marks, and a tensor takes
@@ -106,11 +110,14 @@ inline constexpr size_t kMaxRank = 32;
 Archive read_archive(std::span<const std::byte> file, std::string_view label);
 
 // The pickle `pkl` (data.pkl) run against the storage records of `archive`. The result's tensors are those of
-// the top-level dict, or of the dict under "state_dict" or then "model"; entries that are not string -> tensor
-// (step counters, optimizer state) are skipped.
-Checkpoint read_pickle(std::span<const std::byte> pkl, const Archive& archive, std::string_view label);
+// the top-level dict, descended into each of `containers` in turn where the dict at hand holds that key as a dict
+// (by default "state_dict", then "model"); entries that are not string -> tensor (step counters, optimizer state)
+// are skipped.
+Checkpoint read_pickle(std::span<const std::byte> pkl, const Archive& archive, std::string_view label,
+                       std::span<const std::string_view> containers = kDefaultContainers);
 
 // Both, on a whole file held in memory. `label` (usually the path) prefixes every error message.
-Checkpoint parse(std::span<const std::byte> file, std::string_view label);
+Checkpoint parse(std::span<const std::byte> file, std::string_view label,
+                 std::span<const std::string_view> containers = kDefaultContainers);
 
 }  // namespace latent::pth

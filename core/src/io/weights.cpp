@@ -135,11 +135,12 @@ torch::Tensor tensor_from(const pth::Tensor& t, const pth::Storage& s, const std
 // A torch.save() archive holding a flat name->tensor dict, possibly nested under "state_dict" or "model". Read
 // by pth::parse, which builds nothing but tensor descriptors: a general unpickler (torch::pickle_load) runs
 // further than a weights file needs and trusts the sizes the pickle declares (docs/pth-format.md).
-void read_pickle(const fs::path& file, WeightSource& out) {
+std::string read_pickle(const fs::path& file, WeightSource& out,
+                        std::span<const std::string_view> containers = pth::kDefaultContainers) {
   const auto map = map_file(file);
   pth::Checkpoint checkpoint;
   try {
-    checkpoint = pth::parse(map->bytes(), file.string());
+    checkpoint = pth::parse(map->bytes(), file.string(), containers);
   } catch (const pth::FormatError& e) {
     // The message starts with the file name; the reader learns first that the file is not usable.
     std::string what = e.what();
@@ -150,6 +151,7 @@ void read_pickle(const fs::path& file, WeightSource& out) {
   for (const auto& t : checkpoint.tensors)
     out.tensors.emplace(t.name, tensor_from(t, checkpoint.storages.at(t.storage), map));
   out.mapped.push_back(map->bytes());
+  return checkpoint.container;
 }
 
 }  // namespace
@@ -160,6 +162,15 @@ std::string read_text_file(const fs::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+WeightSource read_torch_checkpoint(const fs::path& file, std::span<const std::string_view> containers,
+                                   std::string* container) {
+  WeightSource out;
+  out.weights = file;
+  std::string taken = read_pickle(file, out, containers);
+  if (container) *container = std::move(taken);
+  return out;
 }
 
 WeightSource read_safetensors_folder(const fs::path& dir, const std::string& stem) {
