@@ -321,6 +321,31 @@ TEST(WanLora, ErrorsNameTheFileAndTheKey) {
   expect_mentions(model_error([&] { weights(e); }), {"absent.safetensors", "no such LoRA file"});
 }
 
+// The original format's whole-weight differences (.diff, which diffusers skips outside head.head) are added at the
+// LoRA's scale, on a module's weight or on a parameter itself (a block's modulation); an integer alpha counts as
+// its value; a norm's .diff is dropped as diffusers drops it.
+TEST(WanLora, OriginalDiffsAndIntegerAlpha) {
+  LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
+  const std::string q = "diffusion_model.blocks.0.self_attn.q.";
+  const torch::Tensor diff = r({kDim, kDim}), mod = r({1, 6, kDim}), down = r({4, kDim}), up = r({48, 4});
+  const fs::path file = write_file("lora-diff.safetensors", {{q + "diff", diff},
+                                                             {"diffusion_model.blocks.0.modulation.diff", mod},
+                                                             {"diffusion_model.blocks.1.ffn.0.lora_down.weight", down},
+                                                             {"diffusion_model.blocks.1.ffn.0.lora_up.weight", up},
+                                                             {"diffusion_model.blocks.1.ffn.0.alpha", torch::tensor(2)},
+                                                             {"diffusion_model.blocks.0.norm3.diff", r({kDim})}});
+  const WeightSource plain = weights({});
+  WeightSource w = weights({});
+  merge_lora(w, {file, 0.5});
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) { return torch::allclose(a, b, 1e-6, 1e-6); };
+  const auto& before = plain.tensors;
+  EXPECT_TRUE(close(w.tensors.at("blocks.0.attn1.to_q.weight"), before.at("blocks.0.attn1.to_q.weight") + 0.5 * diff));
+  EXPECT_TRUE(close(w.tensors.at("blocks.0.scale_shift_table"), before.at("blocks.0.scale_shift_table") + 0.5 * mod));
+  EXPECT_TRUE(torch::equal(w.tensors.at("blocks.0.norm2.weight"), before.at("blocks.0.norm2.weight")));
+  EXPECT_TRUE(close(w.tensors.at("blocks.1.ffn.net.0.proj.weight"),
+                    before.at("blocks.1.ffn.net.0.proj.weight") + 0.5 * (2.0 / 4) * torch::matmul(up, down)));
+}
+
 // A bad LoRA leaves nothing half-merged: every check runs before the first change.
 TEST(WanLora, LaterErrorsChangeNothing) {
   LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
