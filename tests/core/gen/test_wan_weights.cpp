@@ -73,14 +73,18 @@ DenoiserFiles with_loras(std::vector<LoraFile> loras, fs::path transformer_weigh
   return f;
 }
 
-// A scratch folder for the hostile files the error tests write.
+// A scratch folder for the hostile files the error tests write, removed when the test program ends.
 fs::path scratch() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("latent-wan-weights-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
+  struct Dir {
+    fs::path path = fs::temp_directory_path() / ("latent-wan-weights-" + std::to_string(::getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 fs::path write_file(const std::string& name, const std::map<std::string, torch::Tensor>& tensors,
