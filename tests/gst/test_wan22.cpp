@@ -316,6 +316,50 @@ GST_START_TEST(test_guidance_scale_2_needs_two_experts) {
 }
 GST_END_TEST;
 
+// transformer-weights, lora and lora-2 reach the model videogen loads (the core's tests hold the readers and the
+// merge to diffusers): the original-layout checkpoint of tests/fixtures/gen_wan_weights_fixtures.py's folder makes
+// the folder's latents, a LoRA at 0.7 moves them and at 0 does not, and bad values fail at NULL->READY by name.
+GST_START_TEST(test_weight_edits_reach_the_model) {
+  require_properties({"transformer-weights", "lora", "lora-2"});
+  const fs::path w = with_stamp("LATENT_WAN_WEIGHTS_FIXTURES");
+  const fs::path dir = fs::temp_directory_path() / ("latent-wan22-edits-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path embeds = dir / "embeds.safetensors";
+  {
+    const latent::SafetensorsFile cases = latent::SafetensorsFile::open(w / "cases.safetensors");
+    latent::SafetensorsWriter out(embeds, {.durable = false});
+    out.write("prompt_embeds", cases.tensor("text").clone());
+    out.commit();
+  }
+  const std::string base = "videogen name=gen model=" + (w / "pipeline").string() +
+                           " prompt-embeds=" + embeds.string() +
+                           " schedule=clip num-frames=5 width=96 height=64 steps=2 seed=7 guidance-scale=1";
+  const auto latents = [&](const std::string& extra) {
+    Out out;
+    latent_test::run(base + extra + " ! appsink name=out", out);
+    fail_unless(out.error.empty(), "%s: %s", extra.c_str(), out.error.c_str());
+    return stacked(out, 16, 8, 12);
+  };
+  const torch::Tensor plain = latents("");
+  fail_unless(torch::equal(latents(" transformer-weights=" + (w / "original.pt").string()), plain),
+              "the original-layout checkpoint gave other latents than its folder");
+  const std::string lora = (w / "lora-original.safetensors").string();
+  fail_unless(torch::equal(latents(" lora=" + lora + ":0"), plain), "a LoRA at 0 changed the latents");
+  const double moved = relative_error(latents(" lora=" + lora + ":0.7"), plain);
+  fail_unless(moved > 1e-3, "a LoRA at 0.7 moved the latents by %g only", moved);
+
+  std::string said = ready_error(base + " lora=" + (dir / "missing.safetensors").string() + " ! fakesink");
+  fail_unless(contains(said, "missing.safetensors"), "a missing LoRA: '%s'", said.c_str());
+  said = ready_error(base + " lora=" + lora + ":often ! fakesink");
+  fail_unless(contains(said, "lora"), "a bad scale: '%s'", said.c_str());
+  said = ready_error(base + " lora-2=" + lora + " ! fakesink");
+  fail_unless(contains(said, "second expert"), "lora-2 on one transformer: '%s'", said.c_str());
+  said = ready_error(base + " transformer-weights=" + embeds.string() + " ! fakesink");
+  fail_unless(contains(said, embeds.filename().string()), "weights of another model: '%s'", said.c_str());
+  fs::remove_all(dir);
+}
+GST_END_TEST;
+
 static Suite* wan22_suite() {
   Suite* s = suite_create("wan22");
   TCase* tc = tcase_create("wan22");
@@ -334,6 +378,10 @@ static Suite* wan22_suite() {
   tcase_add_test(tc, test_unknown_folder_entries_are_refused_by_name);
   tcase_add_test(tc, test_bad_image_is_refused);
   tcase_add_test(tc, test_guidance_scale_2_needs_two_experts);
+  if (with_stamp("LATENT_WAN_WEIGHTS_FIXTURES").empty())
+    latent_test::skip_missing("no Wan weights fixtures (LATENT_WAN_WEIGHTS_FIXTURES): weight edits are not tried");
+  else
+    tcase_add_test(tc, test_weight_edits_reach_the_model);
   return s;
 }
 
