@@ -23,12 +23,16 @@
 #include <gst/check/gstcheck.h>
 
 #include "check_main.h"
+#include "generated_latents.h"
 #include "pipeline_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using latent_test::Out;
+using latent_test::relative_error;
+using latent_test::set_strings;
+using latent_test::stacked;
 
 fs::path fixtures() {
   const char* d = g_getenv("LATENT_PIPELINE_FIXTURES");
@@ -55,34 +59,6 @@ std::vector<Case> cases_of(const latent::SafetensorsFile& f) {
     out.push_back(k);
   }
   return out;
-}
-
-// The latents that reached the sink, [1, C, T, h, w] float32: one buffer per latent frame, [C, h, w].
-torch::Tensor stacked(const Out& out, int64_t c, int64_t h, int64_t w) {
-  std::vector<torch::Tensor> frames;
-  for (GstBuffer* b : out.buffers) {
-    GstMapInfo m;
-    gst_buffer_map(b, &m, GST_MAP_READ);
-    fail_unless_equals_uint64(m.size, uint64_t(c * h * w) * sizeof(float));
-    frames.push_back(torch::from_blob(m.data, {c, h, w}, torch::kFloat).clone());
-    gst_buffer_unmap(b, &m);
-  }
-  return torch::stack(frames, 1).unsqueeze(0);
-}
-
-double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
-  return ((got - want).norm() / want.norm()).item<double>();
-}
-
-// Sets a string property of the element named "gen" (prompts with runs of spaces and html references pass as they
-// are, which a launch line would not).
-std::function<void(GstElement*)> set_strings(std::vector<std::pair<const char*, std::optional<std::string>>> kv) {
-  return [kv](GstElement* pipeline) {
-    GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
-    for (const auto& [k, v] : kv)
-      if (v) g_object_set(gen, k, v->c_str(), nullptr);
-    gst_object_unref(gen);
-  };
 }
 
 std::string wan() { return (fixtures() / "wan").string(); }
