@@ -9,6 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "latent/runtime/shared_models.h"
 #include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"
 
@@ -108,7 +109,8 @@ torch::Tensor encode_image(const torch::Tensor& rgb, const std::filesystem::path
   std::error_code ec;
   const std::filesystem::path vae_dir =
       std::filesystem::is_directory(model_dir / "vae", ec) ? model_dir / "vae" : model_dir;
-  std::shared_ptr<Vae> vae = load_vae(vae_dir, {device, torch::kFloat});
+  // Shared with a vaedecode of the same folder on the same device, which then loads nothing.
+  std::shared_ptr<const Vae> vae = shared_vae(vae_dir, {device, torch::kFloat});
   if (vae->spec().model_id != spec.latent_space || vae->spec().latent_channels != spec.channels)
     throw std::invalid_argument("image: the VAE in " + vae_dir.string() + " makes " + vae->spec().model_id +
                                 " latents of " + std::to_string(vae->spec().latent_channels) +
