@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "gen/models/causal_model.h"
 #include "gen/sampling/schedule.h"
 #include "latent/runtime/devices.h"
 
@@ -65,6 +66,45 @@ void check_memory(const GeneratorOptions& o, const DenoiserSpec& spec, torch::De
                device.str() + " has " + gib(have) + " available: choose a smaller size");
 }
 
+void check_causal(const Denoiser& model, GeneratorOptions& o, bool ranks) {
+  const DenoiserSpec& spec = model.spec();
+  CausalOptions& c = o.causal;
+  if (!causal_model(model))
+    bad_option("the causal schedule needs a model that runs over a key/value cache (a native Wan transformer); " +
+               spec.backend + " does not");
+  if (ranks) bad_option("the causal schedule runs on one device");
+  if (o.guidance > 1.0) bad_option("the causal schedule runs without guidance: set guidance to 1");
+  if (o.condition.defined()) bad_option("condition (image to video) is for the clip schedule, not causal");
+  if (c.chunk_frames < 1 || c.chunk_frames > spec.window)
+    bad_option("chunk_frames " + std::to_string(c.chunk_frames) + ": the model takes 1 to " +
+               std::to_string(spec.window) + " latent frames per call");
+  if (c.sink_frames < 0) bad_option("sink_frames must be >= 0");
+  if (c.kv_window == 0) c.kv_window = std::max(default_window(spec), c.sink_frames + c.chunk_frames);
+  if (c.kv_window < c.sink_frames + c.chunk_frames || c.kv_window > spec.window)
+    bad_option("kv_window " + std::to_string(c.kv_window) + ": must hold the sink (" + std::to_string(c.sink_frames) +
+               ") and a block (" + std::to_string(c.chunk_frames) + "), at most " + std::to_string(spec.window) +
+               " latent frames");
+  if (c.denoising_steps.empty()) bad_option("denoising_steps is empty");
+  for (int64_t s : c.denoising_steps)
+    if (s < 0 || s > 1000) bad_option("denoising_steps holds " + std::to_string(s) + ": steps are in [0, 1000]");
+  if (!std::isfinite(c.shift) || c.shift <= 0) bad_option("shift must be a finite number > 0");
+  if (!std::isfinite(c.context_noise) || c.context_noise < 0 || c.context_noise > 1000)
+    bad_option("context_noise must be in [0, 1000]");
+  int64_t last = -1;
+  for (const PromptSwitch& p : o.prompt_switches) {
+    if (p.frame < 0 || p.frame < last) bad_option("prompt switches must be at ascending latent frames >= 0");
+    last = p.frame;
+    GeneratorOptions one = o;
+    one.text = p.text;
+    try {
+      check_text(spec, one);
+    } catch (const std::invalid_argument& e) {
+      bad_option("the prompt switch at frame " + std::to_string(p.frame) + ": " +
+                 std::string(e.what()).substr(std::string("generator: ").size()));
+    }
+  }
+}
+
 }  // namespace
 
 size_t Generator::latent_bytes_lower_bound(const GeneratorOptions& o, int64_t channels) {
@@ -78,9 +118,11 @@ size_t Generator::latent_bytes_lower_bound(const GeneratorOptions& o, int64_t ch
   const int64_t window = std::max<int64_t>(o.window, 1);
   const int64_t queue = std::max<int64_t>(o.sampler.steps, 1) + 1;
   const int64_t finite_or = o.frames > 0 ? o.frames : std::numeric_limits<int64_t>::max();
-  const int64_t held = o.schedule == ScheduleKind::fifo   ? queue
-                       : o.schedule == ScheduleKind::clip ? std::max<int64_t>(o.frames, 1)
-                                                          : std::min(window, finite_or);
+  const int64_t causal = std::max<int64_t>(o.causal.kv_window, 1) + std::max<int64_t>(o.causal.chunk_frames, 1);
+  const int64_t held = o.schedule == ScheduleKind::fifo     ? queue
+                       : o.schedule == ScheduleKind::clip   ? std::max<int64_t>(o.frames, 1)
+                       : o.schedule == ScheduleKind::causal ? causal
+                                                            : std::min(window, finite_or);
   const int64_t outputs = o.guidance > 1.0 ? 2 : 1;
   const size_t per_frame_state = o.sampler.kind == SamplerKind::unipc ? 3 : o.sampler.kind == SamplerKind::dpm ? 2 : 1;
   return frame * size_t(held) * (per_frame_state + 1 + size_t(outputs));
@@ -94,7 +136,8 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "clip") return ScheduleKind::clip;
   if (name == "fifo") return ScheduleKind::fifo;
   if (name == "rolling") return ScheduleKind::rolling;
-  throw std::invalid_argument("unknown schedule \"" + name + "\": expected clip, fifo or rolling");
+  if (name == "causal") return ScheduleKind::causal;
+  throw std::invalid_argument("unknown schedule \"" + name + "\": expected clip, fifo, rolling or causal");
 }
 
 const char* schedule_kind_name(ScheduleKind kind) {
@@ -102,6 +145,7 @@ const char* schedule_kind_name(ScheduleKind kind) {
     case ScheduleKind::clip: return "clip";
     case ScheduleKind::fifo: return "fifo";
     case ScheduleKind::rolling: return "rolling";
+    case ScheduleKind::causal: return "causal";
   }
   return "?";
 }
@@ -142,9 +186,13 @@ torch::Tensor Denoising::conditioned(const torch::Tensor& x) const {
 
 std::vector<torch::Tensor> Denoising::predict(const std::vector<ModelCall>& calls) {
   std::vector<torch::Tensor> out = executor_->run(*this, calls);
+  iteration_done();
+  return out;
+}
+
+void Denoising::iteration_done() {
   ++progress_.iteration;
   if (on_progress_) on_progress_(progress_);
-  return out;
 }
 
 torch::Tensor Denoising::predict(const torch::Tensor& x, const std::vector<int64_t>& steps) {
@@ -267,10 +315,15 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
     bad_option(std::string("the ") + schedule_kind_name(o.schedule) + " schedule gives the frames of one model call " +
                "different timesteps, and this model (" + spec.backend +
                ") takes one timestep per call: use the clip schedule");
+  if (o.schedule == ScheduleKind::causal) check_causal(*denoiser_, o, executor != nullptr);
   if (o.initial_noise.defined()) {
-    if (o.schedule != ScheduleKind::clip)
-      bad_option(std::string("initial_noise is for the clip schedule, not ") + schedule_kind_name(o.schedule));
-    const std::vector<int64_t> want{1, spec.channels, o.frames, o.height, o.width};
+    if (o.schedule != ScheduleKind::clip && o.schedule != ScheduleKind::causal)
+      bad_option(std::string("initial_noise is for the clip and causal schedules, not ") +
+                 schedule_kind_name(o.schedule));
+    const int64_t frames = o.schedule == ScheduleKind::causal
+                               ? (o.frames + o.causal.chunk_frames - 1) / o.causal.chunk_frames * o.causal.chunk_frames
+                               : o.frames;
+    const std::vector<int64_t> want{1, spec.channels, frames, o.height, o.width};
     if (o.initial_noise.sizes() != c10::IntArrayRef(want) || !o.initial_noise.is_floating_point()) {
       std::ostringstream s;
       s << "initial_noise: expected a floating point " << c10::IntArrayRef(want) << ", got " << o.initial_noise.sizes()
@@ -295,6 +348,7 @@ Generator::Generator(std::shared_ptr<const Denoiser> denoiser, GeneratorOptions 
         bad_option("fifo calls the model with a single frame while its queue fills; this model needs " +
                    std::to_string(spec.min_frames));
       break;
+    case ScheduleKind::causal: break;
     case ScheduleKind::rolling:
       if (o.context < 0 || o.context >= o.window)
         bad_option("context " + std::to_string(o.context) +
@@ -343,6 +397,9 @@ void Generator::reset(uint64_t seed) {
     case ScheduleKind::rolling:
       impl_->schedule = make_rolling_schedule(options_.frames, options_.window, options_.context);
       break;
+    case ScheduleKind::causal:
+      impl_->schedule = make_causal_schedule(options_, *denoiser_, options_.height, options_.width);
+      break;
   }
   impl_->denoising.start_progress(impl_->schedule->iterations(impl_->sampler.steps()));
 }
@@ -368,6 +425,17 @@ std::vector<GeneratedFrame> Generator::next() {
 
 bool Generator::finished() const { return impl_->schedule->finished(); }
 void Generator::interrupt() { impl_->denoising.set_interrupted(true); }
+
+void Generator::switch_prompt(const torch::Tensor& text) {
+  if (options_.schedule != ScheduleKind::causal)
+    bad_option(std::string("prompts switch while playing in the causal schedule, not ") +
+               schedule_kind_name(options_.schedule));
+  GeneratorOptions o = options_;
+  o.text = text;
+  o.prompt_switches.clear();
+  check_text(denoiser_->spec(), o);
+  static_cast<CausalSchedule&>(*impl_->schedule).switch_prompt(text);
+}
 void Generator::clear_interrupt() { impl_->denoising.set_interrupted(false); }
 const Sampler& Generator::sampler() const { return impl_->sampler; }
 size_t Generator::state_bytes() const { return impl_->schedule->bytes(); }

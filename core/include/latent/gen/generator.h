@@ -6,6 +6,8 @@
 //            enters; endless
 //   rolling  windows of `window` frames whose first `context` frames are clean ones carried from the window before
 //            (diffusion-forcing style); endless
+//   causal   blocks of frames made one after another by a causal few-step model (Self-Forcing, LongLive): each
+//            block sees the cached keys and values of the frames before it, within a window; endless
 #pragma once
 
 #include <torch/types.h>
@@ -21,7 +23,7 @@
 
 namespace latent {
 
-enum class ScheduleKind { clip, fifo, rolling };
+enum class ScheduleKind { clip, fifo, rolling, causal };
 
 // How an iteration's model calls are run; the core's own (gen/schedule.h).
 class CallExecutor;
@@ -29,7 +31,7 @@ class CallExecutor;
 // The latent frames per model call of a run that sets none: the model's trained clip where it declares one.
 int64_t default_window(const DenoiserSpec& spec);
 
-// "clip", "fifo", "rolling"; throws std::invalid_argument listing the names.
+// "clip", "fifo", "rolling", "causal"; throws std::invalid_argument listing the names.
 ScheduleKind parse_schedule_kind(const std::string& name);
 const char* schedule_kind_name(ScheduleKind kind);
 
@@ -38,6 +40,34 @@ const char* schedule_kind_name(ScheduleKind kind);
 struct GeneratorProgress {
   int64_t iteration = 0;   // iterations done since the start or the last reset
   int64_t iterations = 0;  // in the whole run; 0 for an endless one
+};
+
+// The causal schedule: Self-Forcing's and LongLive's inference. Each block of chunk_frames latent frames starts
+// from noise and takes a few steps: the model's x0 = x - sigma v (in float64), re-noised with fresh noise to the
+// next step's sigma; the last x0 is the block, which one more call at timestep context_noise writes into the key
+// and value cache the later blocks attend to. No guidance.
+struct CausalOptions {
+  int64_t chunk_frames = 3;  // latent frames per block: 3 (Self-Forcing, LongLive, Krea), 1 (StreamDiffusionV2)
+  // Latent frames of keys and values each block sees, its own included (LongLive's local_attn_size); 0 takes the
+  // model's trained clip (DenoiserSpec::native_frames: Wan's 21, the whole cache Self-Forcing has).
+  int64_t kv_window = 0;
+  // The first frames of the stream, kept in the window forever (the attention sink; LongLive: 3 of 12).
+  int64_t sink_frames = 0;
+  // The steps, on the 1000-step grid, warped through the flow schedule of `shift` (sigma = shift s / (1 + (shift
+  // - 1) s) on s = linspace(1, 0, 1001)[:-1], timestep 1000 sigma, taken at 1000 - step).
+  std::vector<int64_t> denoising_steps{1000, 750, 500, 250};
+  double shift = 5.0;
+  double context_noise = 0.0;
+  // A prompt switch past the window keeps the old sink (LongLive's global_sink); else the sink is made again
+  // under the new prompt.
+  bool global_sink = true;
+};
+
+// The prompt from latent frame `frame` on (LongLive's switch_frame_indices): it takes effect at the first block
+// that starts at or after it.
+struct PromptSwitch {
+  int64_t frame = 0;
+  torch::Tensor text;  // embeddings as GeneratorOptions::text
 };
 
 struct GeneratorOptions {
@@ -64,14 +94,18 @@ struct GeneratorOptions {
   torch::Tensor negative_text;  // the same shape; needed when guidance > 1
   // The noise comes from a CPU generator with this seed: the same seed gives the same latents on every device.
   uint64_t seed = 0;
-  // clip only: the starting noise [1, C, frames, h, w] instead of the seeded draw, e.g. a reference pipeline's
-  // latents= to reproduce its run. Any device and floating dtype; it is copied to float32 on the model's device.
+  // clip and causal: the starting noise [1, C, frames, h, w] (causal: frames rounded up to whole blocks) instead of the
+  // seeded draw, e.g. a reference pipeline's latents= to reproduce its run. Any device and floating dtype; it is copied
+  // to float32 on the model's device.
   torch::Tensor initial_noise;
   // clip only, image to video: the latents [1, C, k, h, w] of the clip's first k frames (an image encoded by the
   // VAE, in diffusion space). Every model input has them in place of its first k frames, at timestep 0, and the
   // clip ends with them, as diffusers' WanImageToVideoPipeline with expand_timesteps (Wan 2.2 TI2V). The sampler
   // still steps those frames; their values never reach the output. Needs a model with per-frame timesteps.
   torch::Tensor condition;
+  // The causal schedule's settings and scripted prompt switches (ascending frames).
+  CausalOptions causal;
+  std::vector<PromptSwitch> prompt_switches;
   // Called on the generating thread after every iteration, so a run of minutes shows how far it is before its
   // first frame. Ranks of a group call it on rank 0 only.
   std::function<void(const GeneratorProgress&)> progress;
@@ -88,6 +122,10 @@ struct GeneratedFrame {
   // and its decoder takes: VaeSpec::latent_shift / latent_scale applied).
   torch::Tensor latent;
   int64_t index = 0;  // latent frame number from 0
+  // causal: the first frame made under a switched prompt (scripted or switch_prompt()); `prompt_index` counts
+  // the prompts of the run, 0 being GeneratorOptions::text.
+  bool prompt_switch = false;
+  int64_t prompt_index = 0;
 };
 
 class Generator {
@@ -115,6 +153,10 @@ class Generator {
   // whole clip.
   void interrupt();
   void clear_interrupt();
+  // From any thread, causal schedule: the prompt of the blocks from the next one on, as a scripted switch there
+  // (the frames made so far are cached again under it). Throws std::invalid_argument for another schedule or
+  // embeddings of the wrong shape.
+  void switch_prompt(const torch::Tensor& text);
 
   const GeneratorOptions& options() const { return options_; }
   const Sampler& sampler() const;

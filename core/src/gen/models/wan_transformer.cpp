@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "gen/models/backends.h"
+#include "gen/models/causal_model.h"
 #include "gen/models/diffusers_folder.h"
 #include "gen/models/sequence_parallel.h"
 #include "gen/models/wan_weights.h"
@@ -207,7 +208,13 @@ WeightSource subset(const WeightSource& src, bool fp32) {
   return out;
 }
 
-class WanTransformer : public Denoiser {
+// A causal call's cache and where its frames are (CausalModel::predict_cached).
+struct CachedCall {
+  KvCache* cache;
+  int64_t first_frame, keep;
+};
+
+class WanTransformer : public Denoiser, public CausalModel {
  public:
   WanTransformer(const WanConfig& cfg, DenoiserSpec spec, const WeightSource& src, const LoadOptions& opt)
       : Denoiser(std::move(spec), opt), cfg_(cfg) {
@@ -256,6 +263,7 @@ class WanTransformer : public Denoiser {
     const Tensor pos = torch::arange(cfg.rope_max_seq_len, torch::TensorOptions().dtype(torch::kLong));
     for (int64_t part : {hd - 2 * hw_dim, hw_dim, hw_dim}) {
       const Tensor inv = 1.0 / torch::pow(10000.0, torch::arange(0, part, 2, f64).narrow(0, 0, part / 2) / part);
+      rope_inv_.push_back(inv);
       const Tensor ang = torch::outer(pos, inv);
       rope_cos_.push_back(ang.cos().to(torch::kFloat).to(opt.device));
       rope_sin_.push_back(ang.sin().to(torch::kFloat).to(opt.device));
@@ -264,37 +272,72 @@ class WanTransformer : public Denoiser {
     freqs_ =
         torch::exp(torch::arange(0, half, torch::TensorOptions().dtype(torch::kFloat)) * (-std::log(10000.0)) / half)
             .to(opt.device);
+    // The original Wan code's sinusoid: float64 frequencies of the float64 timestep (its causal models are
+    // distilled with it; diffusers' float32 one differs by ~2e-6 relative in the flow).
+    freqs64_ = torch::pow(10000.0, -torch::arange(0, half, f64) / double(half)).to(opt.device);
   }
 
   int64_t attention_heads() const override { return cfg_.heads; }
+  int64_t layers() const override { return cfg_.layers; }
+
+  Tensor predict_cached(const Tensor& x, const Tensor& timesteps, const Tensor& text, KvCache& cache,
+                        int64_t first_frame, int64_t keep) const override {
+    torch::NoGradGuard no_grad;
+    if (!x.defined() || x.dim() != 5 || x.size(0) != 1 || x.size(1) != spec_.channels || x.size(2) < 1)
+      throw std::invalid_argument("causal call: latents must be [1, " + std::to_string(spec_.channels) +
+                                  ", frames, h, w]");
+    const int64_t t = x.size(2);
+    if (!timesteps.defined() || timesteps.numel() != t)
+      throw std::invalid_argument("causal call: one timestep per latent frame");
+    if (keep < 0 || keep > cache.size() || first_frame < 0)
+      throw std::invalid_argument("causal call: keeps " + std::to_string(keep) + " of " + std::to_string(cache.size()) +
+                                  " cached frames from frame " + std::to_string(first_frame));
+    if (!text.defined() || text.dim() != 3 || text.size(2) != cfg_.text_dim)
+      throw std::invalid_argument("causal call: text must be prompt embeddings [1, L, " +
+                                  std::to_string(cfg_.text_dim) + "]");
+    if (cache.k.size() != size_t(cfg_.layers)) {
+      cache.k.assign(size_t(cfg_.layers), Tensor());
+      cache.v.assign(size_t(cfg_.layers), Tensor());
+    }
+    CachedCall call{&cache, first_frame, keep};
+    const Tensor out = forward(x.to(device(), dtype()), timesteps.to(device(), torch::kFloat).reshape({1, t}),
+                               text.to(device(), dtype()), nullptr, &call);
+    cache.frames.resize(size_t(keep));
+    for (int64_t f = 0; f < t; ++f) cache.frames.push_back(first_frame + f);
+    return out.to(torch::kFloat);
+  }
 
  protected:
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& text) const override {
-    return forward(x, timesteps, text, nullptr);
+    return forward(x, timesteps, text, nullptr, nullptr);
   }
   Tensor run_sequence_parallel(const Tensor& x, const Tensor& timesteps, const Tensor& text,
                                parallel::Communicator& group) const override {
-    return forward(x, timesteps, text, &group);
+    return forward(x, timesteps, text, &group, nullptr);
   }
 
  private:
-  Tensor forward(const Tensor& x, const Tensor& timesteps, const Tensor& text, parallel::Communicator* group) const {
+  // `cached`: a causal call (CausalModel::predict_cached), which runs on one rank.
+  Tensor forward(const Tensor& x, const Tensor& timesteps, const Tensor& text, parallel::Communicator* group,
+                 const CachedCall* cached) const {
     const int64_t t = x.size(2), hp = x.size(3) / cfg_.ph, wp = x.size(4) / cfg_.pw, d = cfg_.dim();
     const int64_t tokens = hp * wp, seq = t * tokens;
     if (x.size(3) % cfg_.ph || x.size(4) % cfg_.pw)
       throw std::invalid_argument("denoiser input latents: height and width must be multiples of the patch");
+    if (cached && group) throw std::invalid_argument("a causal call runs on one rank");
     if (t > cfg_.rope_max_seq_len || hp > cfg_.rope_max_seq_len || wp > cfg_.rope_max_seq_len)
       throw std::invalid_argument("denoiser input latents: more than rope_max_seq_len = " +
                                   std::to_string(cfg_.rope_max_seq_len) + " positions along an axis");
     const auto dt = dtype();
-    auto [cos, sin] = rope(t, hp, wp);
+    auto [cos, sin] = rope(t, hp, wp, cached ? cached->first_frame : 0);
 
     Tensor h = torch::conv3d(x, patch_w_, patch_b_, {cfg_.pt, cfg_.ph, cfg_.pw});
     h = h.flatten(2).transpose(1, 2).contiguous();  // [1, seq, D]
 
     // Time: float32 sinusoid and embedder; the projection in the compute dtype. One row per frame.
-    const Tensor args = timesteps.reshape({t, 1}).to(torch::kFloat) * freqs_.unsqueeze(0);
-    const Tensor sinusoid = torch::cat({torch::cos(args), torch::sin(args)}, 1);
+    const Tensor args = cached ? timesteps.reshape({t, 1}).to(torch::kDouble) * freqs64_.unsqueeze(0)
+                               : timesteps.reshape({t, 1}).to(torch::kFloat) * freqs_.unsqueeze(0);
+    const Tensor sinusoid = torch::cat({torch::cos(args), torch::sin(args)}, 1).to(torch::kFloat);
     Tensor temb = time_2_(torch::silu(time_1_(sinusoid))).to(dt);                    // [T, D]
     Tensor tproj = time_proj_(torch::silu(temb)).view({t, 6, d}).to(torch::kFloat);  // [T, 6, D]
     const std::shared_ptr<const TextKeys> keys = text_keys(text);
@@ -324,11 +367,12 @@ class WanTransformer : public Denoiser {
       const auto m = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [T, 1, D], broadcast over a frame's tokens
       Tensor hf = h.view({frames, per_frame, d}).to(torch::kFloat);
       Tensor n = (ln(hf, {}, {}) * (1 + m(1)) + m(0)).to(dt).view({1, rows, d});
-      Tensor a = self_attention(b.self_attn, n, cos, sin, slice ? &*slice : nullptr);
+      const size_t i = size_t(&b - blocks_.data());
+      Tensor a = cached ? cached_self_attention(b.self_attn, n, cos, sin, *cached, i, tokens)
+                        : self_attention(b.self_attn, n, cos, sin, slice ? &*slice : nullptr);
       h = (hf + a.view({frames, per_frame, d}) * m(2)).to(dt).view({1, rows, d});
 
       n = cfg_.cross_attn_norm ? ln(h, b.norm2_w, b.norm2_b).to(dt) : h;
-      const size_t i = size_t(&b - blocks_.data());
       h = h + attention(b.cross_attn, n, keys->k[i], keys->v[i], nullptr, nullptr);
 
       hf = h.view({frames, per_frame, d}).to(torch::kFloat);
@@ -348,15 +392,27 @@ class WanTransformer : public Denoiser {
         .reshape({1, c, t * cfg_.pt, hp * cfg_.ph, wp * cfg_.pw});
   }
 
-  // cos and sin of every token's angles, [seq, 1, head_dim / 2]: frame, row and column parts side by side.
-  std::pair<Tensor, Tensor> rope(int64_t t, int64_t hp, int64_t wp) const {
-    const auto grid = [&](const std::vector<Tensor>& parts) {
-      const Tensor f = parts[0].narrow(0, 0, t).view({t, 1, 1, -1}).expand({t, hp, wp, -1});
+  // cos and sin of every token's angles, [seq, 1, head_dim / 2]: frame, row and column parts side by side, the
+  // frames at positions first .. first + t - 1.
+  std::pair<Tensor, Tensor> rope(int64_t t, int64_t hp, int64_t wp, int64_t first = 0) const {
+    // A stream runs past the table (rope_max_seq_len frames, ~4 minutes of 16 fps video): its frame angles are
+    // made from the same float64 formula, so a position has one rotation whatever the table's length. Attention
+    // sees only differences of positions within the cached window, which stay as small as in training.
+    Tensor frame_cos = rope_cos_[0], frame_sin = rope_sin_[0];
+    if (first + t > frame_cos.size(0)) {
+      const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+      const Tensor ang = torch::outer(torch::arange(first, first + t, f64), rope_inv_[0]);
+      frame_cos = ang.cos().to(torch::kFloat).to(frame_cos.device());
+      frame_sin = ang.sin().to(torch::kFloat).to(frame_sin.device());
+      first = 0;
+    }
+    const auto grid = [&](const Tensor& frame, const std::vector<Tensor>& parts) {
+      const Tensor f = frame.narrow(0, first, t).view({t, 1, 1, -1}).expand({t, hp, wp, -1});
       const Tensor r = parts[1].narrow(0, 0, hp).view({1, hp, 1, -1}).expand({t, hp, wp, -1});
       const Tensor c = parts[2].narrow(0, 0, wp).view({1, 1, wp, -1}).expand({t, hp, wp, -1});
       return torch::cat({f, r, c}, -1).reshape({t * hp * wp, 1, -1});
     };
-    return {grid(rope_cos_), grid(rope_sin_)};
+    return {grid(frame_cos, rope_cos_), grid(frame_sin, rope_sin_)};
   }
 
   // Every block's cross-attention keys and values of one prompt, [1, L, heads, head_dim] each. They depend on the
@@ -460,13 +516,37 @@ class WanTransformer : public Denoiser {
     return a.out(slice->to_tokens(o.transpose(1, 2)).flatten(2).to(x.scalar_type()));
   }
 
+  // Self-attention of a causal call: its queries see the cache's first `keep` frames and its own; the cache keeps
+  // those followed by its own keys (rotated at their absolute positions) and values.
+  Tensor cached_self_attention(const Attention& a, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                               const CachedCall& call, size_t layer, int64_t tokens_per_frame) const {
+    const int64_t heads = cfg_.heads, d = cfg_.dim();
+    const Tensor q = rotate(torch::rms_norm(a.q(x), {d}, a.norm_q, cfg_.eps).unflatten(2, {heads, -1}), cos, sin);
+    Tensor k = rotate(torch::rms_norm(a.k(x), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1}), cos, sin);
+    Tensor v = a.v(x).unflatten(2, {heads, -1});
+    KvCache& cache = *call.cache;
+    if (call.keep > 0) {
+      const Tensor& ck = cache.k[layer];
+      if (!ck.defined() || ck.size(1) != cache.size() * tokens_per_frame)
+        throw std::invalid_argument("causal call: the cache holds frames of another size");
+      const int64_t rows = call.keep * tokens_per_frame;
+      k = torch::cat({ck.narrow(1, 0, rows), k}, 1);
+      v = torch::cat({cache.v[layer].narrow(1, 0, rows), v}, 1);
+    }
+    cache.k[layer] = k;
+    cache.v[layer] = v;
+    const Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
+    return a.out(o.transpose(1, 2).flatten(2).to(x.scalar_type()));
+  }
+
   WanConfig cfg_;
   Tensor patch_w_, patch_b_;
   Linear time_1_, time_2_, time_proj_, text_1_, text_2_, proj_out_;
   std::vector<Block> blocks_;
   Tensor scale_shift_out_;
   std::vector<Tensor> rope_cos_, rope_sin_;  // frame, row, column: [rope_max_seq_len, part / 2] float32
-  Tensor freqs_;
+  std::vector<Tensor> rope_inv_;             // their inverse frequencies, float64 on the CPU
+  Tensor freqs_, freqs64_;
   // Two prompts: one guided stream's prompt and negative prompt. More would hold layers x 2 x L x dim values each
   // (a Wan 14B prompt: 420 MB in bf16) for streams that seldom share a model.
   static constexpr size_t kCachedPrompts = 2;

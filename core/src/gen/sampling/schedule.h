@@ -71,6 +71,10 @@ class Denoising {
   // x [1, C, T, h, w] with GeneratorOptions::condition in place of its first frames; x itself without one.
   torch::Tensor conditioned(const torch::Tensor& x) const;
   void count_calls(int64_t n) { calls_ += n; }
+  // One iteration done, for GeneratorOptions::progress (predict() counts its own).
+  void iteration_done();
+  // The prompt embeddings on the model's device and dtype (undefined for a model without text).
+  const torch::Tensor& text() const { return text_; }
   void check_interrupted() const;
   CallExecutor& executor() { return *executor_; }
 
@@ -119,5 +123,19 @@ class Schedule {
 std::unique_ptr<Schedule> make_clip_schedule(int64_t frames);
 std::unique_ptr<Schedule> make_fifo_schedule(int64_t frames, int64_t window);
 std::unique_ptr<Schedule> make_rolling_schedule(int64_t frames, int64_t window, int64_t context);
+
+// gen/sampling/causal_schedule.cpp. The options are checked by then, kv_window resolved (>= 1); the model has a
+// CausalModel interface.
+class CausalSchedule : public Schedule {
+ public:
+  // Applied at the next block start (any thread).
+  virtual void switch_prompt(const torch::Tensor& text) = 0;
+};
+std::unique_ptr<CausalSchedule> make_causal_schedule(const GeneratorOptions& options, const Denoiser& model,
+                                                     int64_t height, int64_t width);
+// The timesteps of CausalOptions::denoising_steps as the references compute them: float32 values, and the
+// sigma of each (float32 too, held in doubles).
+std::vector<double> causal_timesteps(const CausalOptions& o);
+std::vector<double> causal_sigmas(const CausalOptions& o);
 
 }  // namespace latent

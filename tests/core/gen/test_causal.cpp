@@ -1,0 +1,311 @@
+// The causal schedule (core/src/gen/sampling/causal_schedule.cpp) and the Wan transformer run over a key/value
+// cache, against Self-Forcing's and LongLive's inference on a tiny random causal Wan model
+// (tests/fixtures/gen_causal_fixtures.py ran their code; its outputs are in tests/fixtures/data/causal/).
+//
+// Tolerance: 1e-4 of the reference's largest value. The references rotate RoPE in float64 and this code in
+// float32, a few 1e-7 per call; across the 4 steps and context passes of 5 blocks the latents stay within ~1e-6.
+// A wrong window, sink, RoPE position, timestep or re-cache moves a block by 1e-2 or more (the fixture script
+// checks that a block differs by 0.08 without its context pass and by 0.09 with another window).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gen/models/causal_model.h"
+#include "gen/sampling/schedule.h"
+#include "latent/gen/denoiser.h"
+#include "latent/gen/generator.h"
+#include "latent/io/weights.h"
+
+using namespace latent;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kRelTolerance = 1e-4;
+
+fs::path data() { return fs::path(LATENT_TEST_SOURCE_ROOT) / "tests" / "fixtures" / "data" / "causal"; }
+
+const WeightSource& cases() {
+  static const WeightSource c = read_weights(data() / "causal-cases.safetensors");
+  return c;
+}
+
+torch::Tensor tensor(const std::string& name) {
+  auto it = cases().tensors.find(name);
+  if (it == cases().tensors.end()) throw std::runtime_error("fixture tensor " + name + " missing");
+  return it->second.to(torch::kFloat);
+}
+
+// [1, T, C, h, w] as the references keep latents -> [1, C, T, h, w] as the generator makes them.
+torch::Tensor channels_first(const torch::Tensor& t) { return t.permute({0, 2, 1, 3, 4}).contiguous(); }
+
+double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
+  return (g - w).abs().max().item<double>() / w.abs().max().item<double>();
+}
+
+std::shared_ptr<Denoiser> model(const fs::path& weights = data() / "causal-model.pt",
+                                const fs::path& folder = data() / "pipeline") {
+  static std::map<std::string, std::shared_ptr<Denoiser>> loaded;
+  const std::string key = weights.string() + "|" + folder.string();
+  auto& m = loaded[key];
+  if (!m) {
+    DenoiserFiles files;
+    files.first.transformer_weights = weights;
+    m = load_denoiser(folder, {}, files);
+  }
+  return m;
+}
+
+struct Case {
+  std::string name;
+  int64_t frames, window, sink;
+  int64_t switch_frame = -1;
+  bool global_sink = true;
+};
+
+GeneratorOptions options(const Case& c) {
+  GeneratorOptions o;
+  o.schedule = ScheduleKind::causal;
+  o.frames = c.frames;
+  o.height = 6;
+  o.width = 8;
+  o.seed = 42;
+  o.text = tensor("prompt.A");
+  o.causal.chunk_frames = 3;
+  o.causal.kv_window = c.window;
+  o.causal.sink_frames = c.sink;
+  o.causal.global_sink = c.global_sink;
+  if (c.switch_frame >= 0) o.prompt_switches.push_back({c.switch_frame, tensor("prompt.B")});
+  return o;
+}
+
+torch::Tensor run(std::shared_ptr<const Denoiser> m, const GeneratorOptions& o, Generator** out = nullptr) {
+  Generator g(std::move(m), o);
+  std::vector<torch::Tensor> frames;
+  while (!g.finished())
+    for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
+  return torch::cat(frames, 2);
+}
+
+void expect_case(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const torch::Tensor got = run(model(), options(c));
+  const torch::Tensor want = channels_first(tensor(c.name + ".latents"));
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_LE(rel_error(got, want), kRelTolerance);
+}
+
+}  // namespace
+
+TEST(CausalSchedule, TimestepsAreTheReferencesFloat32Values) {
+  const CausalOptions o;
+  const std::vector<double> t = causal_timesteps(o), s = causal_sigmas(o);
+  const std::vector<double> want_t{1000.0, 937.5, 833.3333129882812, 625.0},
+      want_s{1.0, 0.9375, 0.8333333134651184, 0.625};
+  ASSERT_EQ(t.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(t[i], want_t[i]) << i;  // exact: 833.3333129882812, never 833
+    EXPECT_EQ(s[i], want_s[i]) << i;
+  }
+}
+
+TEST(CausalSchedule, GlobalCacheEqualsSelfForcing) { expect_case({"self_forcing", 9, 0, 0}); }
+TEST(CausalSchedule, WindowEvictingAWholeBlockWithASinkEqualsLongLive) { expect_case({"window6_sink3", 9, 6, 3}); }
+TEST(CausalSchedule, WindowEvictingPartOfABlockEqualsLongLive) { expect_case({"window5_sink1", 9, 5, 1}); }
+TEST(CausalSchedule, LongerRunThroughAWindowEqualsLongLive) { expect_case({"window9_sink3_15f", 15, 9, 3}); }
+
+TEST(CausalSchedule, PromptSwitchWithinTheWindowReencodesTheSink) {
+  expect_case({"switch3_window6_sink3", 9, 6, 3, 3, true});
+  expect_case({"switch3_window6_sink3_gs0", 9, 6, 3, 3, false});
+}
+
+TEST(CausalSchedule, PromptSwitchPastTheWindowKeepsOrRemakesTheSink) {
+  expect_case({"switch12_window9_sink3", 15, 9, 3, 12, true});
+  expect_case({"switch12_window9_sink3_gs0", 15, 9, 3, 12, false});
+}
+
+TEST(CausalSchedule, FramesBeforeASwitchAreBitIdenticalToTheRunWithout) {
+  const torch::Tensor plain = run(model(), options({"", 15, 9, 3}));
+  const torch::Tensor switched = run(model(), options({"", 15, 9, 3, 12, true}));
+  EXPECT_TRUE(torch::equal(plain.narrow(2, 0, 12), switched.narrow(2, 0, 12)));
+  EXPECT_FALSE(torch::equal(plain.narrow(2, 12, 3), switched.narrow(2, 12, 3)));
+}
+
+TEST(CausalSchedule, SafetensorsWeightsEqualTheTorchCheckpoint) {
+  const Case c{"window6_sink3", 9, 6, 3};
+  EXPECT_TRUE(torch::equal(run(model(data() / "causal-model.safetensors"), options(c)), run(model(), options(c))));
+}
+
+TEST(CausalSchedule, SwitchPromptWhilePlayingEqualsTheScriptedSwitch) {
+  const Case c{"switch12_window9_sink3", 15, 9, 3};
+  Generator g(model(), options(c));
+  std::vector<torch::Tensor> frames;
+  std::vector<int64_t> switched_at;
+  while (!g.finished()) {
+    if (frames.size() == 12) g.switch_prompt(tensor("prompt.B"));
+    for (const GeneratedFrame& f : g.next()) {
+      frames.push_back(f.latent);
+      if (f.prompt_switch) switched_at.push_back(f.index);
+    }
+  }
+  EXPECT_LE(rel_error(torch::cat(frames, 2), channels_first(tensor("switch12_window9_sink3.latents"))), kRelTolerance);
+  EXPECT_EQ(switched_at, std::vector<int64_t>{12});
+  EXPECT_THROW(g.switch_prompt(torch::zeros({1, 7, 24})), std::invalid_argument);
+}
+
+TEST(CausalSchedule, ASwitchInsideABlockTakesEffectAtTheNextBlock) {
+  GeneratorOptions o = options({"", 15, 9, 3, 10, true});
+  Generator g(model(), o);
+  std::vector<torch::Tensor> frames;
+  int64_t switched = -1;
+  while (!g.finished())
+    for (const GeneratedFrame& f : g.next()) {
+      frames.push_back(f.latent);
+      if (f.prompt_switch) switched = f.index;
+    }
+  EXPECT_EQ(switched, 12);
+  EXPECT_LE(rel_error(torch::cat(frames, 2), channels_first(tensor("switch12_window9_sink3.latents"))), kRelTolerance);
+}
+
+TEST(CausalSchedule, InitialNoiseOfTheSeedGivesTheSeedsRun) {
+  GeneratorOptions o = options({"", 9, 6, 3});
+  const torch::Tensor seeded = run(model(), o);
+  o.initial_noise = channels_first(tensor("window6_sink3.noise"));
+  EXPECT_TRUE(torch::equal(run(model(), o), seeded));
+  o.initial_noise = o.initial_noise.narrow(2, 0, 6);
+  EXPECT_THROW(Generator(model(), o), std::invalid_argument);
+}
+
+TEST(CausalSchedule, FramesNotAMultipleOfTheBlockAreHonouredExactly) {
+  GeneratorOptions o = options({"", 8, 6, 3});
+  const torch::Tensor got = run(model(), o);
+  ASSERT_EQ(got.size(2), 8);
+  EXPECT_LE(rel_error(got, channels_first(tensor("window6_sink3.latents")).narrow(2, 0, 8)), kRelTolerance);
+}
+
+TEST(CausalSchedule, MemoryStaysFlatOverAnEndlessRun) {
+  GeneratorOptions o = options({"", 0, 6, 3});
+  Generator g(model(), o);
+  std::vector<size_t> bytes;
+  for (int block = 0; block < 12; ++block) {
+    ASSERT_EQ(g.next().size(), 3u);
+    bytes.push_back(g.state_bytes());
+  }
+  EXPECT_FALSE(g.finished());
+  EXPECT_GT(bytes[1], 0u);
+  for (size_t i = 2; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], bytes[1]) << "block " << i;
+}
+
+TEST(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
+  const GeneratorOptions o = options({"", 9, 6, 3});
+  const torch::Tensor want = run(model(), o);
+  Generator g(model(), o);
+  std::vector<torch::Tensor> frames;
+  for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
+  // Interrupt the second block after its first model call.
+  const int64_t calls = g.model_calls();
+  std::atomic<bool> stop{false};
+  std::thread watcher([&] {
+    while (!stop && g.model_calls() < calls + 2) std::this_thread::yield();
+    g.interrupt();
+  });
+  EXPECT_THROW(g.next(), Interrupted);
+  stop = true;
+  watcher.join();
+  g.clear_interrupt();
+  while (!g.finished())
+    for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
+  EXPECT_TRUE(torch::equal(torch::cat(frames, 2), want));
+}
+
+// Past the model's RoPE table (rope_max_seq_len frames) a stream goes on with positions made by the same formula:
+// a folder whose table is 8 frames gives the frames of one whose table is 1,024 bit for bit.
+TEST(CausalSchedule, PositionsPastTheRopeTableFollowTheSameFormula) {
+  const fs::path dir = fs::temp_directory_path() / ("causal-rope-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(data() / "pipeline", dir, fs::copy_options::recursive);
+  const fs::path config = dir / "transformer" / "config.json";
+  std::ifstream in(config);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "\"rope_max_seq_len\": 1024";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "\"rope_max_seq_len\": 8");
+  std::ofstream(config) << text;
+  const GeneratorOptions o = options({"", 15, 6, 3});
+  const torch::Tensor short_table = run(model(data() / "causal-model.pt", dir), o);
+  fs::remove_all(dir);
+  EXPECT_TRUE(torch::equal(short_table, run(model(), o)));
+}
+
+TEST(CausalSchedule, OptionsThatCannotWorkAreRefusedByName) {
+  const auto refused = [&](GeneratorOptions o, const std::string& word) {
+    try {
+      Generator g(model(), o);
+      ADD_FAILURE() << "accepted; expected an error naming " << word;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  const GeneratorOptions o = options({"", 9, 6, 3});
+  GeneratorOptions bad = o;
+  bad.causal.kv_window = 4;  // sink 3 + block 3 do not fit
+  refused(bad, "kv_window");
+  bad = o;
+  bad.causal.chunk_frames = 0;
+  refused(bad, "chunk_frames");
+  bad = o;
+  bad.guidance = 5.0;
+  bad.negative_text = tensor("prompt.B");
+  refused(bad, "guidance");
+  bad = o;
+  bad.causal.denoising_steps = {1000, 1500};
+  refused(bad, "denoising_steps");
+  bad = o;
+  bad.causal.denoising_steps.clear();
+  refused(bad, "denoising_steps");
+  bad = o;
+  bad.prompt_switches = {{6, tensor("prompt.B")}, {3, tensor("prompt.A")}};
+  refused(bad, "ascending");
+  bad = o;
+  bad.prompt_switches = {{6, torch::zeros({1, 512, 7})}};
+  refused(bad, "frame 6");
+  Generator clip(model(), [] {
+    GeneratorOptions c;
+    c.frames = 2;
+    c.height = 6;
+    c.width = 8;
+    c.text = tensor("prompt.A");
+    return c;
+  }());
+  EXPECT_THROW(clip.switch_prompt(tensor("prompt.B")), std::invalid_argument);
+}
+
+TEST(KvCache, EvictionKeepsTheSinkAndTheNewestFrames) {
+  KvCache c;
+  c.window = 5;
+  c.sink = 1;
+  const auto fill = [&](std::vector<int64_t> frames) {
+    c.frames = frames;
+    const int64_t n = int64_t(frames.size());
+    c.k = {torch::arange(n).view({1, n, 1, 1}).repeat({1, 1, 2, 1}).view({1, 2 * n, 1, 1}).to(torch::kFloat)};
+    c.v = c.k;
+  };
+  fill({0, 1, 2});
+  c.make_room(3);  // 3 + 3 > 5: frame 1 goes
+  EXPECT_EQ(c.frames, (std::vector<int64_t>{0, 2}));
+  EXPECT_TRUE(torch::equal(c.k[0].flatten(), torch::tensor({0.f, 0.f, 2.f, 2.f})));
+  fill({0, 2, 3, 4, 5});
+  c.make_room(3);
+  EXPECT_EQ(c.frames, (std::vector<int64_t>{0, 5}));
+  c.make_room(1);  // fits: nothing goes
+  EXPECT_EQ(c.frames, (std::vector<int64_t>{0, 5}));
+  c.truncate(1);
+  EXPECT_EQ(c.frames, std::vector<int64_t>{0});
+  EXPECT_EQ(c.k[0].size(1), 2);
+}
