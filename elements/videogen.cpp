@@ -16,10 +16,13 @@
 #include "elements.h"
 #include "generation_plan.h"
 #include "latent/gen/prompts.h"
+#include "latent/io/safetensors.h"
 #include "latent/runtime/default_model.h"
 #include "latent/runtime/devices.h"
 #include "latent_caps.h"
+#include "live_timeline.h"
 #include "model_glue.h"
+#include "prompt_switcher.h"
 
 GST_DEBUG_CATEGORY_STATIC(video_gen_debug);
 #define GST_CAT_DEFAULT video_gen_debug
@@ -69,7 +72,19 @@ enum {
   PROP_LATENTS_OUT,
   PROP_MODEL_CALLS,
   PROP_MEAN_CALL_TIME,
+  PROP_CHUNK_FRAMES,
+  PROP_KV_WINDOW,
+  PROP_SINK_FRAMES,
+  PROP_GLOBAL_SINK,
+  PROP_DENOISING_STEPS,
+  PROP_CONTEXT_NOISE,
+  PROP_PROMPT_SCHEDULE,
+  PROP_MAX_LATENESS,
 };
+
+// Tags on the stream where a causal run's prompt switched: what the prompt was made from, and its number.
+constexpr const char* kPromptTag = "latent-prompt";
+constexpr const char* kPromptIndexTag = "latent-prompt-index";
 
 struct Impl {
   Settings settings;  // object lock
@@ -83,6 +98,9 @@ struct Impl {
   // prompts does not run the text encoder again.
   std::string encoded_key;
   latent::PromptEmbeddings encoded;
+  std::vector<torch::Tensor> scheduled;  // prompt-schedule's prompts, encoded with the prompt
+  // Prompts set while a causal run plays, encoded off the streaming thread.
+  std::unique_ptr<latent::gst::PromptSwitcher> switcher;
   // Set by start() and cleared by stop(), which basesrc never runs beside create(); unlock() reaches the
   // generator from another thread, so the three take run_lock where they touch it.
   std::optional<Run> run;
@@ -94,9 +112,13 @@ struct Impl {
   // Whether a generator step has completed since the start or the last seek: the first includes the warm-up
   // and, with fifo, the queue filling up, so only later ones bound the steady-state latency.
   bool warm = false;
-  // Live: running time of the first latent minus its stream time, so timestamps follow the clock from when
-  // the first latent exists rather than from when the model started.
-  GstClockTime live_offset = GST_CLOCK_TIME_NONE;
+  // Live: timestamps start when the first latent exists and move later when latents exist late or a sink
+  // reports lateness beyond max_lateness (object lock).
+  latent::gst::LiveTimeline timeline;
+  GstClockTime max_lateness = 40 * GST_MSECOND;
+  bool warned_late = false;
+  // Live: running time of the first request and whether the first latent's latency was posted.
+  GstClockTime first_request = GST_CLOCK_TIME_NONE;
 
   std::atomic<guint64> latents{0}, calls{0};
   latent::gst::ChunkStats stats;
@@ -124,6 +146,10 @@ GType gst_video_gen_schedule_get_type(void) {
        "FIFO-Diffusion: a queue of frames at rising noise levels, one frame out per iteration; endless", "fifo"},
       {int(latent::ScheduleKind::rolling),
        "Windows that carry their last clean frames into the next as context; endless", "rolling"},
+      {int(latent::ScheduleKind::causal),
+       "Causal few-step models (Self-Forcing, CausVid, LongLive, Krea Realtime): blocks of chunk-frames made one "
+       "after another over a key/value cache of kv-window frames; endless, live, prompts switched while playing",
+       "causal"},
       {0, nullptr, nullptr}};
   if (g_once_init_enter(&type)) g_once_init_leave(&type, g_enum_register_static("GstVideoGenSchedule", values));
   return type;
@@ -190,12 +216,61 @@ GstClockTime running_time_now(GstElement* element) {
   return now > base ? now - base : 0;
 }
 
+// Live: the latent's timestamp on the timeline of when latents exist (see LiveTimeline). A latent that exists
+// after its time moves the timeline and says so: a QoS message each time, a warning once per run.
+GstClockTime live_stamp(GstVideoGen* self, const LatentFrameStamp& stamp) {
+  Impl& s = *self->impl;
+  const GstClockTime now = running_time_now(GST_ELEMENT(self));
+  if (GST_CLOCK_TIME_IS_VALID(s.first_request)) {
+    const GstClockTime latency = now > s.first_request ? now - s.first_request : 0;
+    GST_INFO_OBJECT(self, "first latent after %" GST_TIME_FORMAT, GST_TIME_ARGS(latency));
+    gst_element_post_message(
+        GST_ELEMENT(self),
+        gst_message_new_element(GST_OBJECT(self), gst_structure_new("videogen-first-latent", "latency", G_TYPE_UINT64,
+                                                                    guint64(latency), nullptr)));
+    s.first_request = GST_CLOCK_TIME_NONE;
+  }
+  const latent::gst::LiveTimeline::Stamp st = s.timeline.stamp(stamp.pts, now);
+  if (st.skipped > 0)
+    GST_INFO_OBJECT(self, "a sink reported lateness: timestamps move %" GST_TIME_FORMAT " later",
+                    GST_TIME_ARGS(st.skipped));
+  if (st.late > 0) {
+    GstMessage* qos = gst_message_new_qos(GST_OBJECT(self), TRUE, st.pts, stamp.pts, st.pts, stamp.duration);
+    gst_message_set_qos_values(qos, GstClockTimeDiff(st.late), 1.0, 1000000);
+    gst_message_set_qos_stats(qos, GST_FORMAT_BUFFERS, s.latents.load(), 0);
+    gst_element_post_message(GST_ELEMENT(self), qos);
+    if (!s.warned_late) {
+      s.warned_late = true;
+      GST_ELEMENT_WARNING(self, CORE, CLOCK,
+                          ("Generation is slower than real time: a latent existed %.3f s after its time; timestamps "
+                           "follow when latents exist from here on (QoS messages report each delay)",
+                           double(st.late) / double(GST_SECOND)),
+                          ("stream time %" GST_TIME_FORMAT, GST_TIME_ARGS(stamp.pts)));
+    }
+  }
+  return st.pts;
+}
+
+// Tags the stream where a causal run's prompt switched, ahead of the first latent made under the new prompt.
+// The first latent's prompt is the run's own: no tag (it would come before the segment).
+void push_prompt_tag(GstVideoGen* self, const latent::GeneratedFrame& frame) {
+  GstTagList* tags =
+      gst_tag_list_new(kPromptTag, frame.prompt_label.c_str(), kPromptIndexTag, guint(frame.prompt_index), nullptr);
+  gst_tag_list_set_scope(tags, GST_TAG_SCOPE_STREAM);
+  GST_INFO_OBJECT(self, "prompt %" G_GINT64_FORMAT " from latent %" G_GINT64_FORMAT ": %s", frame.prompt_index,
+                  frame.index, frame.prompt_label.c_str());
+  gst_pad_push_event(GST_BASE_SRC_PAD(self), gst_event_new_tag(tags));
+}
+
 std::string doing(const Impl& s) { return s.run && s.run->generator ? s.run->generator->doing() : "generating"; }
 
 GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
   auto* self = GST_VIDEO_GEN(push);
   Impl& s = *self->impl;
   if (!s.run) return GST_FLOW_FLUSHING;
+  const bool live = gst_base_src_is_live(GST_BASE_SRC(self));
+  if (live && s.emitted == 0 && !GST_CLOCK_TIME_IS_VALID(s.first_request))
+    s.first_request = running_time_now(GST_ELEMENT(self));
   try {
     if (s.pending.empty()) {
       if (!s.run->generator || s.run->generator->finished()) return GST_FLOW_EOS;
@@ -205,13 +280,8 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
     const latent::GeneratedFrame frame = std::move(s.pending.front());
     s.pending.pop_front();
     LatentFrameStamp stamp = latent::gst::stamp_for(*s.run, uint64_t(frame.index));
-    if (gst_base_src_is_live(GST_BASE_SRC(self))) {
-      if (!GST_CLOCK_TIME_IS_VALID(s.live_offset)) {
-        const GstClockTime now = running_time_now(GST_ELEMENT(self));
-        s.live_offset = now > stamp.pts ? now - stamp.pts : 0;
-      }
-      stamp.pts += s.live_offset;
-    }
+    if (live) stamp.pts = live_stamp(self, stamp);
+    if (frame.prompt_switch && frame.index > 0) push_prompt_tag(self, frame);
     GstBuffer* buffer = buffer_of(frame, s.run->caps);
     latent::gst::apply_stamp(buffer, stamp);
     if (s.discont) {
@@ -257,26 +327,43 @@ gboolean unlock_stop(GstBaseSrc* base) {
 
 // Runs the model folder's text encoder when the prompts (or where they are encoded) differ from those last
 // encoded, and frees it before returning. Posts an ERROR message and returns false when it cannot.
+// Where the text encoder runs: text-device, else the model's device and dtype. Throws for a bad text-device.
+latent::TextEncoder::Options text_options(const Impl& impl, const Settings& s) {
+  latent::TextEncoder::Options options;
+  options.device = s.text_device.empty() ? impl.model_options.device : latent::resolve_device(s.text_device);
+  options.dtype = options.device == impl.model_options.device ? impl.model_options.dtype
+                                                              : latent::resolve_dtype("auto", options.device);
+  return options;
+}
+
 bool encode_prompts(GstVideoGen* self, const Settings& s) {
   Impl& impl = *self->impl;
   if (!s.prompt || !impl.denoiser || impl.denoiser->spec().text_tokens == 0) return true;  // plan_run says why
   const std::optional<std::string> negative = latent::gst::negative_to_encode(impl.denoiser->spec(), s);
   latent::TextEncoder::Options options;
   try {
-    options.device = s.text_device.empty() ? impl.model_options.device : latent::resolve_device(s.text_device);
-    options.dtype = options.device == impl.model_options.device ? impl.model_options.dtype
-                                                                : latent::resolve_dtype("auto", options.device);
+    options = text_options(impl, s);
   } catch (const std::exception& e) {
     GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", e.what()), ("text-device property: %s", s.text_device.c_str()));
     return false;
   }
+  std::vector<latent::gst::ScheduledPrompt> schedule;
+  try {
+    schedule = latent::gst::parse_prompt_schedule(s.prompt_schedule);
+  } catch (const std::invalid_argument& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s", e.what()), (nullptr));
+    return false;
+  }
   const std::string key = *s.prompt + '\0' + (negative ? "+" + *negative : "-") + '\0' + options.device.str() + '\0' +
-                          c10::toString(options.dtype);
+                          c10::toString(options.dtype) + '\0' + s.prompt_schedule;
   if (key == impl.encoded_key) return true;
   impl.encoded_key.clear();
   try {
     const auto t0 = std::chrono::steady_clock::now();
     impl.encoded = latent::encode_prompts(impl.model_path, *s.prompt, negative, options);
+    impl.scheduled.clear();
+    for (const latent::gst::ScheduledPrompt& p : schedule)
+      impl.scheduled.push_back(latent::encode_prompts(impl.model_path, p.text, std::nullopt, options).prompt);
     impl.encoded_key = key;
     GST_INFO_OBJECT(self, "encoded %s on %s as %s in %.2f s",
                     negative ? "the prompt and the negative prompt" : "the prompt", options.device.str().c_str(),
@@ -293,6 +380,39 @@ bool encode_prompts(GstVideoGen* self, const Settings& s) {
                       ("model %s", impl.model_path.c_str()));
   }
   return false;
+}
+
+// prompt or prompt-embeds set while a causal run plays: the new prompt is encoded (or read) off the streaming
+// thread and takes effect at the next block start; other runs read the properties at their next start.
+void switch_prompt_while_playing(GstVideoGen* self) {
+  Impl& impl = *self->impl;
+  {
+    std::lock_guard<std::mutex> lock(impl.run_lock);
+    if (!impl.run || !impl.run->generator || !impl.run->causal) return;
+  }
+  GST_OBJECT_LOCK(self);
+  const Settings s = impl.settings;
+  GST_OBJECT_UNLOCK(self);
+  if (s.prompt) {
+    latent::TextEncoder::Options options;
+    try {
+      options = text_options(impl, s);
+    } catch (const std::exception& e) {
+      GST_ELEMENT_WARNING(self, RESOURCE, NOT_FOUND, ("Cannot switch the prompt: %s", e.what()), (nullptr));
+      return;
+    }
+    const std::string model = impl.model_path, prompt = *s.prompt;
+    impl.switcher->submit(
+        prompt, [=] { return latent::encode_prompts(model, prompt, std::nullopt, options).prompt.to(torch::kFloat); });
+  } else if (!s.prompt_embeds.empty()) {
+    const std::string path = s.prompt_embeds;
+    impl.switcher->submit(path, [=] {
+      latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
+      if (!file.contains("prompt_embeds"))
+        throw std::invalid_argument("prompt-embeds file " + path + " has no tensor \"prompt_embeds\"");
+      return file.tensor("prompt_embeds").to(torch::kFloat).clone();
+    });
+  }
 }
 
 void set_made_caps(GstVideoGen* self, GstCaps* caps) {
@@ -314,7 +434,7 @@ gboolean start(GstBaseSrc* base) {
   if (!encode_prompts(self, settings)) return FALSE;
   try {
     Run run = latent::gst::plan_run(s.ranks, settings, settings.prompt ? &s.encoded : nullptr, s.model_path,
-                                    GST_ELEMENT(self));
+                                    GST_ELEMENT(self), settings.prompt ? s.scheduled : std::vector<torch::Tensor>{});
     if (!run.plan.empty()) GST_INFO_OBJECT(self, "%s", run.plan.c_str());
     std::lock_guard<std::mutex> lock(s.run_lock);
     s.run = std::move(run);
@@ -335,7 +455,9 @@ gboolean start(GstBaseSrc* base) {
   s.stats.reset();
   s.step_time.reset();
   s.warm = false;
-  s.live_offset = GST_CLOCK_TIME_NONE;
+  s.timeline.reset();
+  s.warned_late = false;
+  s.first_request = GST_CLOCK_TIME_NONE;
   GstCaps* made = s.run->caps.to_caps();
   set_made_caps(self, made);
   gst_caps_unref(made);
@@ -349,6 +471,8 @@ gboolean start(GstBaseSrc* base) {
 gboolean stop(GstBaseSrc* base) {
   auto* self = GST_VIDEO_GEN(base);
   Impl& s = *self->impl;
+  // Before run_lock: a delivery in progress takes it.
+  s.switcher->cancel();
   {
     std::lock_guard<std::mutex> lock(s.run_lock);
     if (s.run && s.run->generator) {
@@ -418,6 +542,18 @@ gboolean is_seekable(GstBaseSrc* base) {
 // Generation has no random access: a seek to the start replays the stream (same seed, same latents); any other
 // position is refused here, before basesrc flushes, so a refused seek leaves the stream running as it was.
 gboolean src_event(GstBaseSrc* base, GstEvent* event) {
+  if (GST_EVENT_TYPE(event) == GST_EVENT_QOS && gst_base_src_is_live(base)) {
+    Impl& s = *GST_VIDEO_GEN(base)->impl;
+    GstQOSType type;
+    gdouble proportion;
+    GstClockTimeDiff diff;
+    GstClockTime timestamp;
+    gst_event_parse_qos(event, &type, &proportion, &diff, &timestamp);
+    GST_OBJECT_LOCK(base);
+    const GstClockTime max_lateness = s.max_lateness;
+    GST_OBJECT_UNLOCK(base);
+    s.timeline.sink_lateness(diff, max_lateness);
+  }
   if (GST_EVENT_TYPE(event) == GST_EVENT_SEEK) {
     GstFormat format;
     GstSeekType start_type, stop_type;
@@ -543,9 +679,22 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     gst_base_src_set_live(GST_BASE_SRC(self), g_value_get_boolean(value));
     return;
   }
+  bool prompt_changed = false;
   GST_OBJECT_LOCK(self);
   switch (id) {
     case PROP_SCHEDULE: s.schedule = g_value_get_enum(value); break;
+    case PROP_CHUNK_FRAMES: s.chunk_frames = g_value_get_uint(value); break;
+    case PROP_KV_WINDOW: s.kv_window = g_value_get_uint(value); break;
+    case PROP_SINK_FRAMES: s.sink_frames = g_value_get_uint(value); break;
+    case PROP_GLOBAL_SINK: s.global_sink = g_value_get_boolean(value); break;
+    case PROP_DENOISING_STEPS: s.denoising_steps = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_CONTEXT_NOISE: s.context_noise = g_value_get_double(value); break;
+    case PROP_PROMPT_SCHEDULE: s.prompt_schedule = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_MAX_LATENESS: {
+      const gint64 v = g_value_get_int64(value);
+      self->impl->max_lateness = v < 0 ? GST_CLOCK_TIME_NONE : GstClockTime(v);
+      break;
+    }
     case PROP_SAMPLER: s.sampler = latent::gst::SamplerChoice(g_value_get_enum(value)); break;
     case PROP_STEPS: s.steps = g_value_get_uint(value); break;
     case PROP_SHIFT: s.shift = g_value_get_double(value); break;
@@ -559,8 +708,14 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
       break;
     case PROP_WINDOW: s.window = g_value_get_uint(value); break;
     case PROP_CONTEXT: s.context = g_value_get_int(value); break;
-    case PROP_PROMPT_EMBEDS: s.prompt_embeds = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
-    case PROP_PROMPT: s.prompt = optional_string(value); break;
+    case PROP_PROMPT_EMBEDS:
+      s.prompt_embeds = g_value_get_string(value) ? g_value_get_string(value) : "";
+      prompt_changed = true;
+      break;
+    case PROP_PROMPT:
+      s.prompt = optional_string(value);
+      prompt_changed = true;
+      break;
     case PROP_NEGATIVE_PROMPT: s.negative_prompt = optional_string(value); break;
     case PROP_TEXT_DEVICE: s.text_device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_INITIAL_NOISE: s.initial_noise = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
@@ -576,6 +731,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
+  if (prompt_changed) switch_prompt_while_playing(self);
 }
 
 void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
@@ -599,6 +755,18 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   GST_OBJECT_LOCK(self);
   switch (id) {
     case PROP_SCHEDULE: g_value_set_enum(value, s.schedule); break;
+    case PROP_CHUNK_FRAMES: g_value_set_uint(value, s.chunk_frames); break;
+    case PROP_KV_WINDOW: g_value_set_uint(value, s.kv_window); break;
+    case PROP_SINK_FRAMES: g_value_set_uint(value, s.sink_frames); break;
+    case PROP_GLOBAL_SINK: g_value_set_boolean(value, s.global_sink); break;
+    case PROP_DENOISING_STEPS: g_value_set_string(value, s.denoising_steps.c_str()); break;
+    case PROP_CONTEXT_NOISE: g_value_set_double(value, s.context_noise); break;
+    case PROP_PROMPT_SCHEDULE:
+      g_value_set_string(value, s.prompt_schedule.empty() ? nullptr : s.prompt_schedule.c_str());
+      break;
+    case PROP_MAX_LATENESS:
+      g_value_set_int64(value, GST_CLOCK_TIME_IS_VALID(impl.max_lateness) ? gint64(impl.max_lateness) : -1);
+      break;
     case PROP_SAMPLER: g_value_set_enum(value, s.sampler); break;
     case PROP_STEPS: g_value_set_uint(value, s.steps); break;
     case PROP_SHIFT: g_value_set_double(value, s.shift); break;
@@ -636,6 +804,8 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
 }
 
 void finalize(GObject* object) {
+  // First: its worker may still deliver to the run.
+  GST_VIDEO_GEN(object)->impl->switcher.reset();
   gst_caps_replace(&GST_VIDEO_GEN(object)->impl->caps, nullptr);
   delete GST_VIDEO_GEN(object)->impl;
   G_OBJECT_CLASS(gst_video_gen_parent_class)->finalize(object);
@@ -653,12 +823,63 @@ void install_properties(GObjectClass* gobject) {
           latent::kDefaultGeneratorFile + " (small, unconditional, trained for demos and tests)");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  auto playing = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING);
   g_object_class_install_property(
       gobject, PROP_SCHEDULE,
       g_param_spec_enum("schedule", "Schedule",
                         "How frames are denoised: clip (one window at once), fifo or rolling (endless, constant "
                         "memory); auto: fifo, or clip for a model with one timestep per call (CogVideoX)",
                         GST_TYPE_VIDEO_GEN_SCHEDULE, kScheduleAuto, rw));
+  g_object_class_install_property(
+      gobject, PROP_CHUNK_FRAMES,
+      g_param_spec_uint("chunk-frames", "Chunk frames",
+                        "schedule=causal: latent frames per block (3: Self-Forcing, CausVid, LongLive, Krea; 1: "
+                        "StreamDiffusionV2)",
+                        1, 1024, 3, rw));
+  g_object_class_install_property(
+      gobject, PROP_KV_WINDOW,
+      g_param_spec_uint("kv-window", "KV window",
+                        "schedule=causal: latent frames of keys and values a block sees, its own included "
+                        "(LongLive: 12); 0: the model's trained clip (Wan: 21, Self-Forcing's whole cache). Bounds "
+                        "the memory of an endless stream",
+                        0, 1024, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_SINK_FRAMES,
+      g_param_spec_uint("sink-frames", "Sink frames",
+                        "schedule=causal: the stream's first latent frames, kept in the window forever (the "
+                        "attention sink; LongLive: 3)",
+                        0, 1023, 0, rw));
+  g_object_class_install_property(
+      gobject, PROP_GLOBAL_SINK,
+      g_param_spec_boolean("global-sink", "Global sink",
+                           "schedule=causal: a prompt switch past the window keeps the sink made under the old "
+                           "prompt (LongLive's default); false makes it again under the new one",
+                           TRUE, rw));
+  g_object_class_install_property(
+      gobject, PROP_DENOISING_STEPS,
+      g_param_spec_string("denoising-steps", "Denoising steps",
+                          "schedule=causal: the few steps of each block on the 1000-step grid, warped through the "
+                          "flow schedule of shift 5 (set shift to change it)",
+                          "1000,750,500,250", rw));
+  g_object_class_install_property(
+      gobject, PROP_CONTEXT_NOISE,
+      g_param_spec_double("context-noise", "Context noise",
+                          "schedule=causal: the timestep at which each block's clean latents are cached for the "
+                          "blocks after it",
+                          0.0, 1000.0, 0.0, rw));
+  g_object_class_install_property(
+      gobject, PROP_PROMPT_SCHEDULE,
+      g_param_spec_string("prompt-schedule", "Prompt schedule",
+                          "schedule=causal: \"N:TEXT|N:TEXT\", the prompt from latent frame N on (a frame inside a "
+                          "block takes effect at the next block); encoded with prompt at the start. \"||\" is a "
+                          "'|' of a prompt",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject, PROP_MAX_LATENESS,
+      g_param_spec_int64("max-lateness", "Max lateness",
+                         "is-live: when a sink reports latents later than this (ns), the timestamps move later by "
+                         "that much, so the stream skips time instead of building a backlog; -1: never",
+                         -1, G_MAXINT64, gint64(40 * GST_MSECOND), rw));
   g_object_class_install_property(
       gobject, PROP_SAMPLER,
       g_param_spec_enum("sampler", "Sampler", "The sampler; default takes the one the model's file recommends",
@@ -712,14 +933,18 @@ void install_properties(GObjectClass* gobject) {
       gobject, PROP_PROMPT_EMBEDS,
       g_param_spec_string("prompt-embeds", "Prompt embeddings",
                           "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (and "
-                          "negative_prompt_embeds for guidance), e.g. from latent-prompt or for a .pt2 model",
-                          nullptr, rw));
+                          "negative_prompt_embeds for guidance), e.g. from latent-prompt or for a .pt2 model. "
+                          "schedule=causal: tensors prompt_embeds@N switch to their prompt at latent frame N, and "
+                          "setting the property while playing switches at the next block",
+                          nullptr, playing));
   g_object_class_install_property(
       gobject, PROP_PROMPT,
       g_param_spec_string("prompt", "Prompt",
                           "What to generate, for a model given as a diffusers pipeline folder: its text encoder "
-                          "encodes it once (then its weights are freed) and the embeddings condition every frame",
-                          nullptr, rw));
+                          "encodes it once (then its weights are freed) and the embeddings condition every frame. "
+                          "schedule=causal: set while playing, it is encoded aside and the stream switches to it at "
+                          "the next block start (LongLive's KV re-cache; a latent-prompt tag marks where)",
+                          nullptr, playing));
   g_object_class_install_property(
       gobject, PROP_NEGATIVE_PROMPT,
       g_param_spec_string("negative-prompt", "Negative prompt",
@@ -828,6 +1053,10 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
   gobject->finalize = finalize;
   element->change_state = change_state;
   install_properties(gobject);
+  gst_tag_register(kPromptTag, GST_TAG_FLAG_META, G_TYPE_STRING, "latent prompt",
+                   "the prompt a causal run switched to (its text, or the embeddings it came from)", nullptr);
+  gst_tag_register(kPromptIndexTag, GST_TAG_FLAG_META, G_TYPE_UINT, "latent prompt index",
+                   "the number of the prompt a causal run switched to (0: its first)", nullptr);
 
   GstCaps* caps = gst_caps_from_string(latent::gst::latent_template_caps_string().c_str());
   gst_element_class_add_pad_template(element, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, caps));
@@ -864,5 +1093,20 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
 
 static void gst_video_gen_init(GstVideoGen* self) {
   self->impl = new Impl();
+  Impl& impl = *self->impl;
+  impl.switcher = std::make_unique<latent::gst::PromptSwitcher>(
+      [self, &impl](const torch::Tensor& embeddings, const std::string& label) {
+        try {
+          std::lock_guard<std::mutex> lock(impl.run_lock);
+          if (impl.run && impl.run->generator) impl.run->generator->switch_prompt(embeddings, label);
+        } catch (const std::exception& e) {
+          GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
+                              ("Cannot switch to the prompt \"%s\": %s", label.c_str(), e.what()), (nullptr));
+        }
+      },
+      [self](const std::string& label, const std::string& error) {
+        GST_ELEMENT_WARNING(self, RESOURCE, OPEN_READ,
+                            ("Cannot switch to the prompt \"%s\": %s", label.c_str(), error.c_str()), (nullptr));
+      });
   gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_TIME);
 }

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -34,7 +35,8 @@ uint64_t latents_for_frames(uint64_t frames, int64_t temporal_factor) {
   return frames == 0 ? 0 : 1 + (frames - 1 + uint64_t(temporal_factor) - 1) / uint64_t(temporal_factor);
 }
 
-// A safetensors file with `prompt_embeds` [1, L, D] and, for guidance, `negative_prompt_embeds`.
+// A safetensors file with `prompt_embeds` [1, L, D] and, for guidance, `negative_prompt_embeds`; for the causal
+// schedule also `prompt_embeds@N`, the prompt from latent frame N on (a scripted switch).
 void load_prompt_embeds(const std::string& path, GeneratorOptions& o) {
   SafetensorsFile file = SafetensorsFile::open(path);
   if (!file.contains("prompt_embeds"))
@@ -43,6 +45,20 @@ void load_prompt_embeds(const std::string& path, GeneratorOptions& o) {
   o.text = file.tensor("prompt_embeds").to(torch::kFloat).clone();
   if (file.contains("negative_prompt_embeds"))
     o.negative_text = file.tensor("negative_prompt_embeds").to(torch::kFloat).clone();
+  const std::string tag = "prompt_embeds@";
+  for (const std::string& name : file.names()) {
+    if (name.rfind(tag, 0) != 0) continue;
+    const std::string n = name.substr(tag.size());
+    if (n.empty() || n.size() > 12 || n.find_first_not_of("0123456789") != std::string::npos)
+      throw std::invalid_argument("prompt-embeds file " + path + ": tensor \"" + name +
+                                  "\" is not prompt_embeds@N with N a latent frame");
+    if (o.schedule != ScheduleKind::causal)
+      throw std::invalid_argument("prompt-embeds file " + path + " holds prompt switches (" + name +
+                                  "): they need schedule=causal");
+    o.prompt_switches.push_back({std::stoll(n), file.tensor(name).to(torch::kFloat).clone(), name});
+  }
+  std::sort(o.prompt_switches.begin(), o.prompt_switches.end(),
+            [](const PromptSwitch& a, const PromptSwitch& b) { return a.frame < b.frame; });
 }
 
 // The guidance a run uses: the property, or the model's recommendation.
@@ -53,6 +69,8 @@ double effective_guidance(const DenoiserSpec& spec, const VideoGenSettings& s) {
 }  // namespace
 
 std::optional<std::string> negative_to_encode(const DenoiserSpec& spec, const VideoGenSettings& s) {
+  // The causal schedule runs without guidance unless told otherwise (and then refuses it).
+  if (s.schedule == int(ScheduleKind::causal) && s.guidance == kModelGuidance) return std::nullopt;
   if (effective_guidance(spec, s) <= 1.0) return std::nullopt;
   return s.negative_prompt.value_or("");
 }
@@ -72,16 +90,22 @@ bool frames_before_channels(const DenoiserSpec& spec) { return spec.latent_space
 // The starting latents of a clip from a safetensors file holding one tensor, in the generator's [1, C, T, h, w].
 torch::Tensor load_initial_noise(const std::string& path, const DenoiserSpec& spec,
                                  const GeneratorOptions& o) {
-  if (o.schedule != ScheduleKind::clip)
-    throw std::invalid_argument("initial-noise needs schedule=clip (fifo and rolling draw noise as frames enter)");
+  const bool causal = o.schedule == ScheduleKind::causal;
+  if (o.schedule != ScheduleKind::clip && !causal)
+    throw std::invalid_argument(
+        "initial-noise needs schedule=clip or causal (fifo and rolling draw noise as frames enter)");
+  if (causal && o.frames == 0) throw std::invalid_argument("initial-noise needs num-frames: an endless run has no end");
   SafetensorsFile file = SafetensorsFile::open(path);
   const auto names = file.names();
   if (names.size() != 1)
     throw std::invalid_argument("initial-noise file " + path + " holds " + std::to_string(names.size()) +
                                 " tensors; it must hold exactly one, the starting latents");
   torch::Tensor t = file.tensor(names.front()).to(torch::kFloat).clone();
-  const bool tc = frames_before_channels(spec);
-  std::vector<int64_t> want = {1, spec.channels, o.frames, o.height, o.width};
+  // The causal references draw their noise frames first, as CogVideoX's pipeline; a run of whole blocks.
+  const bool tc = frames_before_channels(spec) || causal;
+  const int64_t chunk = o.causal.chunk_frames;
+  const int64_t frames = causal ? (o.frames + chunk - 1) / chunk * chunk : o.frames;
+  std::vector<int64_t> want = {1, spec.channels, frames, o.height, o.width};
   if (tc) std::swap(want[1], want[2]);
   if (t.sizes() != c10::IntArrayRef(want)) {
     std::ostringstream got, expected;
@@ -101,6 +125,53 @@ torch::Tensor load_initial_noise(const std::string& path, const DenoiserSpec& sp
 }
 }  // namespace
 
+std::vector<ScheduledPrompt> parse_prompt_schedule(const std::string& text) {
+  std::vector<ScheduledPrompt> out;
+  if (text.empty()) return out;
+  // Entries split at single '|'; "||" is a '|' of the prompt.
+  std::vector<std::string> entries(1);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '|' && i + 1 < text.size() && text[i + 1] == '|') {
+      entries.back() += '|';
+      ++i;
+    } else if (text[i] == '|') {
+      entries.emplace_back();
+    } else {
+      entries.back() += text[i];
+    }
+  }
+  for (const std::string& e : entries) {
+    const size_t colon = e.find(':');
+    const std::string n = colon == std::string::npos ? "" : e.substr(0, colon);
+    const size_t first = n.find_first_not_of(' '), last = n.find_last_not_of(' ');
+    const std::string digits = first == std::string::npos ? "" : n.substr(first, last - first + 1);
+    if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos)
+      throw std::invalid_argument("prompt-schedule: \"" + e +
+                                  "\" is not N:TEXT (N the latent frame the prompt starts at)");
+    const int64_t frame = std::stoll(digits);
+    if (!out.empty() && frame <= out.back().frame)
+      throw std::invalid_argument("prompt-schedule: frame " + std::to_string(frame) + " after frame " +
+                                  std::to_string(out.back().frame) + ": frames must ascend");
+    out.push_back({frame, e.substr(colon + 1)});
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_denoising_steps(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
+    const std::string v = a == std::string::npos ? "" : item.substr(a, b - a + 1);
+    if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos || std::stoll(v) > 1000)
+      throw std::invalid_argument("denoising-steps: \"" + item + "\" is not a step in [0, 1000]");
+    out.push_back(std::stoll(v));
+  }
+  if (out.empty()) throw std::invalid_argument("denoising-steps is empty");
+  return out;
+}
+
 DenoiserFiles denoiser_files(const VideoGenSettings& s) {
   const auto loras = [](const std::string& property, const std::string& text) {
     try {
@@ -117,7 +188,8 @@ DenoiserFiles denoiser_files(const VideoGenSettings& s) {
 }
 
 Run plan_run(const std::vector<std::shared_ptr<const Denoiser>>& ranks, const VideoGenSettings& s,
-             const PromptEmbeddings* encoded, const std::string& model_dir, GstElement* element) {
+             const PromptEmbeddings* encoded, const std::string& model_dir, GstElement* element,
+             const std::vector<torch::Tensor>& scheduled) {
   const std::shared_ptr<const Denoiser>& model = ranks.front();
   const DenoiserSpec& spec = model->spec();
   GeneratorOptions o;
@@ -143,6 +215,16 @@ Run plan_run(const std::vector<std::shared_ptr<const Denoiser>>& ranks, const Vi
   if (s.shift > 0.0) o.sampler.shift = s.shift;
   o.guidance = effective_guidance(spec, s);
   o.guidance_2 = s.guidance_2;
+  if (o.schedule == ScheduleKind::causal) {
+    // Causal few-step models are distilled without guidance: the folder's scale is its base pipeline's.
+    if (s.guidance == kModelGuidance) o.guidance = 1.0;
+    o.causal.chunk_frames = s.chunk_frames;
+    o.causal.kv_window = s.kv_window;
+    o.causal.sink_frames = s.sink_frames;
+    o.causal.global_sink = s.global_sink;
+    o.causal.denoising_steps = parse_denoising_steps(s.denoising_steps);
+    o.causal.context_noise = s.context_noise;
+  }
   o.seed = s.seed;
   o.window = s.window;
   o.progress = progress_poster(element);
@@ -187,6 +269,18 @@ Run plan_run(const std::vector<std::shared_ptr<const Denoiser>>& ranks, const Vi
   if (s.negative_prompt && !s.prompt)
     throw std::invalid_argument("negative-prompt needs prompt (precomputed embeddings carry their own negative)");
   if (!s.prompt_embeds.empty()) load_prompt_embeds(s.prompt_embeds, o);
+  const std::vector<ScheduledPrompt> schedule = parse_prompt_schedule(s.prompt_schedule);
+  if (!schedule.empty()) {
+    if (o.schedule != ScheduleKind::causal) throw std::invalid_argument("prompt-schedule needs schedule=causal");
+    if (!s.prompt)
+      throw std::invalid_argument(
+          "prompt-schedule's prompts are encoded by the folder's text encoder: set prompt "
+          "(with prompt-embeds, put prompt_embeds@N tensors in its file instead)");
+    if (scheduled.size() != schedule.size())
+      throw std::invalid_argument("prompt-schedule: its prompts were not encoded");
+    for (size_t i = 0; i < schedule.size(); ++i)
+      o.prompt_switches.push_back({schedule[i].frame, scheduled[i].to(torch::kFloat), schedule[i].text});
+  }
   if (spec.text_tokens == 0 && s.prompt) throw std::invalid_argument("this model takes no text: unset prompt");
   if (s.prompt && encoded && encoded->prompt.defined()) {
     o.text = encoded->prompt.to(torch::kFloat);
@@ -202,6 +296,7 @@ Run plan_run(const std::vector<std::shared_ptr<const Denoiser>>& ranks, const Vi
                                model->device());
   if (latents > 0 || s.num_frames < 0) run.generator = make_frames(ranks, o, s.parallel, s.model, run.plan);
 
+  run.causal = o.schedule == ScheduleKind::causal;
   LatentCapsInfo& c = run.caps;
   c.model = spec.latent_space;
   c.format = s.format;

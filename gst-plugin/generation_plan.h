@@ -51,7 +51,26 @@ struct VideoGenSettings {
   std::string parallel = "auto";  // with devices: how the ranks share the work
   // The latents' wire format: the sampler's float32 by default, whatever the model computes in.
   LatentFormat format = LatentFormat::F32;
+  // schedule=causal (CausalOptions): kv_window 0 is the model's clip; denoising_steps "1000,750,500,250".
+  guint chunk_frames = 3, kv_window = 0, sink_frames = 0;
+  bool global_sink = true;
+  std::string denoising_steps = "1000,750,500,250";
+  double context_noise = 0.0;
+  // "N:TEXT|N:TEXT": from latent frame N on, TEXT (encoded by the folder's text encoder).
+  std::string prompt_schedule;
 };
+
+// A scripted prompt: from latent frame `frame` on.
+struct ScheduledPrompt {
+  int64_t frame = 0;
+  std::string text;
+};
+
+// "N:TEXT|N:TEXT" (prompt-schedule) as a list in ascending frames; std::invalid_argument naming the bad entry. A
+// '|' inside a prompt is written "||".
+std::vector<ScheduledPrompt> parse_prompt_schedule(const std::string& text);
+// "1000,750,500,250" (denoising-steps); std::invalid_argument naming the bad entry.
+std::vector<int64_t> parse_denoising_steps(const std::string& text);
 
 // What start() decided for a run: the generator, the caps it makes and how many latents and frames.
 struct Run {
@@ -59,6 +78,7 @@ struct Run {
   LatentCapsInfo caps;
   std::string plan;  // how ranks share the work, for the log; "" for one device
   uint64_t video_frames = 0;  // 0: endless
+  bool causal = false;        // schedule=causal: prompts may switch while it plays
 };
 
 // Latent frame k stands for video frames [first, end): the first latent for one frame, every later one for
@@ -75,7 +95,9 @@ DenoiserFiles denoiser_files(const VideoGenSettings& s);
 // The generator options and caps for the settings; throws std::invalid_argument naming the setting. `encoded` holds
 // the prompts' embeddings when the prompt property is set; `ranks` the denoiser of each device (one without
 // devices), loaded from `model_dir` (where image= finds the VAE); `element` receives the progress messages.
+// `scheduled`: the embeddings of prompt-schedule's prompts, in its order (encoded where prompt is).
 Run plan_run(const std::vector<std::shared_ptr<const Denoiser>>& ranks, const VideoGenSettings& s,
-             const PromptEmbeddings* encoded, const std::string& model_dir, GstElement* element);
+             const PromptEmbeddings* encoded, const std::string& model_dir, GstElement* element,
+             const std::vector<torch::Tensor>& scheduled = {});
 
 }  // namespace latent::gst

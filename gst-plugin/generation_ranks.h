@@ -27,6 +27,11 @@ class Frames {
   void interrupt() { one_ ? one_->interrupt() : many_->interrupt(); }
   void clear_interrupt() { one_ ? one_->clear_interrupt() : many_->clear_interrupt(); }
   int64_t model_calls() const { return one_ ? one_->model_calls() : many_->model_calls(); }
+  // The causal schedule's prompt from the next block on (one device only: the causal schedule has no ranks).
+  void switch_prompt(const torch::Tensor& text, const std::string& label) {
+    if (!one_ || comms_.collectives) throw std::invalid_argument("prompts switch while playing on one device only");
+    one_->switch_prompt(text, label);
+  }
   // Ranks as processes (torchrun), where every process runs a pipeline of its own in step with the others.
   bool process_rank() const { return comms_.collectives != nullptr; }
   // A process rank that stops before its run is over tells the other processes, which would otherwise wait for it

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -283,6 +284,8 @@ struct Generator::Impl {
   Sampler sampler;
   Denoising denoising;
   std::unique_ptr<Schedule> schedule;
+  // reset() replaces the schedule while switch_prompt() may reach it from another thread.
+  std::mutex schedule_mutex;
   Impl(const Denoiser& model, const GeneratorOptions& o, int64_t height, int64_t width,
        std::unique_ptr<CallExecutor> executor)
       : sampler(o.sampler, model.spec().prediction), denoising(model, sampler, o, height, width, std::move(executor)) {}
@@ -391,6 +394,7 @@ void Generator::reset() { reset(options_.seed); }
 void Generator::reset(uint64_t seed) {
   options_.seed = seed;
   impl_->denoising.reseed(seed);
+  std::lock_guard<std::mutex> lock(impl_->schedule_mutex);
   switch (options_.schedule) {
     case ScheduleKind::clip: impl_->schedule = make_clip_schedule(options_.frames); break;
     case ScheduleKind::fifo: impl_->schedule = make_fifo_schedule(options_.frames, options_.window); break;
@@ -426,7 +430,7 @@ std::vector<GeneratedFrame> Generator::next() {
 bool Generator::finished() const { return impl_->schedule->finished(); }
 void Generator::interrupt() { impl_->denoising.set_interrupted(true); }
 
-void Generator::switch_prompt(const torch::Tensor& text) {
+void Generator::switch_prompt(const torch::Tensor& text, const std::string& label) {
   if (options_.schedule != ScheduleKind::causal)
     bad_option(std::string("prompts switch while playing in the causal schedule, not ") +
                schedule_kind_name(options_.schedule));
@@ -434,7 +438,8 @@ void Generator::switch_prompt(const torch::Tensor& text) {
   o.text = text;
   o.prompt_switches.clear();
   check_text(denoiser_->spec(), o);
-  static_cast<CausalSchedule&>(*impl_->schedule).switch_prompt(text);
+  std::lock_guard<std::mutex> lock(impl_->schedule_mutex);
+  static_cast<CausalSchedule&>(*impl_->schedule).switch_prompt({0, text, label});
 }
 void Generator::clear_interrupt() { impl_->denoising.set_interrupted(false); }
 const Sampler& Generator::sampler() const { return impl_->sampler; }

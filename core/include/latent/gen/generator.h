@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "latent/gen/denoiser.h"
@@ -68,6 +69,7 @@ struct CausalOptions {
 struct PromptSwitch {
   int64_t frame = 0;
   torch::Tensor text;  // embeddings as GeneratorOptions::text
+  std::string label;   // what the prompt was made from, handed back with the first frame made under it
 };
 
 struct GeneratorOptions {
@@ -126,6 +128,7 @@ struct GeneratedFrame {
   // the prompts of the run, 0 being GeneratorOptions::text.
   bool prompt_switch = false;
   int64_t prompt_index = 0;
+  std::string prompt_label;  // the switch's PromptSwitch::label, on the prompt_switch frame
 };
 
 class Generator {
@@ -156,7 +159,7 @@ class Generator {
   // From any thread, causal schedule: the prompt of the blocks from the next one on, as a scripted switch there
   // (the frames made so far are cached again under it). Throws std::invalid_argument for another schedule or
   // embeddings of the wrong shape.
-  void switch_prompt(const torch::Tensor& text);
+  void switch_prompt(const torch::Tensor& text, const std::string& label = "");
 
   const GeneratorOptions& options() const { return options_; }
   const Sampler& sampler() const;

@@ -66,9 +66,9 @@ class Causal final : public CausalSchedule {
     if (frames_ > 0) skip_draws(renoise_, padded_frames() * channels_ * height_ * width_);
   }
 
-  void switch_prompt(const torch::Tensor& text) override {
+  void switch_prompt(const PromptSwitch& prompt) override {
     std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_ = text;
+    pending_ = prompt;
   }
 
   std::vector<GeneratedFrame> advance(Denoising& d) override {
@@ -125,16 +125,16 @@ class Causal final : public CausalSchedule {
   }
 
   // The prompt switch due at this block start, if any: a switch_prompt() call wins over a scripted one.
-  std::optional<torch::Tensor> due_switch(const Denoising& d) {
-    std::optional<torch::Tensor> text;
-    if (next_switch_ < switches_.size() && switches_[next_switch_].frame <= start_)
-      text = switches_[next_switch_++].text;
+  std::optional<PromptSwitch> due_switch(const Denoising& d) {
+    std::optional<PromptSwitch> due;
+    if (next_switch_ < switches_.size() && switches_[next_switch_].frame <= start_) due = switches_[next_switch_++];
     std::lock_guard<std::mutex> lock(pending_mutex_);
-    if (pending_.defined()) {
-      text = pending_.to(d.model().device(), d.model().dtype());
-      pending_ = torch::Tensor();
+    if (pending_) {
+      due = std::move(*pending_);
+      due->text = due->text.to(d.model().device(), d.model().dtype());
+      pending_.reset();
     }
-    return text;
+    return due;
   }
 
   // LongLive's re-cache: the clean frames the window holds are run once at timestep context_noise under the new
@@ -157,8 +157,10 @@ class Causal final : public CausalSchedule {
     const torch::Device device = d.model().device();
     const int64_t n = o_.chunk_frames;
     bool switched = false;
-    if (std::optional<torch::Tensor> text = due_switch(d)) {
-      text_ = *text;
+    std::string label;
+    if (std::optional<PromptSwitch> due = due_switch(d)) {
+      text_ = due->text;
+      label = due->label;
       ++prompt_index_;
       switched = true;
       if (start_ > 0) recache(d);
@@ -188,6 +190,7 @@ class Causal final : public CausalSchedule {
         GeneratedFrame g{history_.back(), start_ + f};
         g.prompt_switch = switched && f == 0;
         g.prompt_index = prompt_index_;
+        if (g.prompt_switch) g.prompt_label = label;
         out.push_back(std::move(g));
       }
     }
@@ -209,7 +212,7 @@ class Causal final : public CausalSchedule {
   int64_t prompt_index_ = 0;
   torch::Tensor text_;
   std::mutex pending_mutex_;
-  torch::Tensor pending_;
+  std::optional<PromptSwitch> pending_;
   KvCache cache_;
   std::deque<torch::Tensor> history_;  // the last kv_window clean frames, for a re-cache
   int64_t start_ = 0;                  // the next block's first frame

@@ -129,7 +129,7 @@ std::unique_ptr<Schedule> make_rolling_schedule(int64_t frames, int64_t window, 
 class CausalSchedule : public Schedule {
  public:
   // Applied at the next block start (any thread).
-  virtual void switch_prompt(const torch::Tensor& text) = 0;
+  virtual void switch_prompt(const PromptSwitch& prompt) = 0;
 };
 std::unique_ptr<CausalSchedule> make_causal_schedule(const GeneratorOptions& options, const Denoiser& model,
                                                      int64_t height, int64_t width);

@@ -1,0 +1,409 @@
+// videogen schedule=causal: causal few-step Wan (Self-Forcing, LongLive) as a GStreamer source, against the
+// references' own inference (tests/fixtures/data/causal/, made by tests/fixtures/gen_causal_fixtures.py from their
+// code), prompts switched by script and while playing, live timestamps that follow when latents exist, memory over
+// an endless stream, and the errors of bad settings.
+
+// The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "latent/io/safetensors.h"
+
+#include <gst/app/gstappsink.h>
+#include <gst/check/gstcheck.h>
+
+#include "check_main.h"
+#include "generated_latents.h"
+#include "pipeline_run.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using latent_test::Out;
+using latent_test::relative_error;
+using latent_test::stacked;
+
+// The core's test holds the schedule to 1e-4 of the reference's largest value (tests/core/gen/test_causal.cpp says
+// why); here the element adds nothing but the wire format (float32), so the same bound holds on the norm.
+constexpr double kTolerance = 1e-4;
+
+fs::path data() { return fs::path(LATENT_TEST_SOURCE_ROOT) / "tests" / "fixtures" / "data" / "causal"; }
+
+fs::path pipeline_fixtures() {
+  const char* d = g_getenv("LATENT_PIPELINE_FIXTURES");
+  return d && fs::exists(fs::path(d) / "stamp") ? fs::path(d) : fs::path();
+}
+
+const latent::SafetensorsFile& cases() {
+  static const latent::SafetensorsFile f = latent::SafetensorsFile::open(data() / "causal-cases.safetensors");
+  return f;
+}
+
+// [1, T, C, h, w] -> [1, C, T, h, w]
+torch::Tensor channels_first(const torch::Tensor& t) { return t.permute({0, 2, 1, 3, 4}).contiguous(); }
+
+fs::path scratch() {
+  static const fs::path dir = [] {
+    fs::path p = fs::temp_directory_path() / ("latent-causal-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return dir;
+}
+
+// A prompt-embeds file: prompt A, and prompt B from each latent frame in `switches`.
+std::string embeds(const std::string& name, const std::vector<int64_t>& switches = {},
+                   const std::string& first = "prompt.A") {
+  const fs::path path = scratch() / (name + ".safetensors");
+  latent::SafetensorsWriter out(path, {.durable = false});
+  out.write("prompt_embeds", cases().tensor(first).clone());
+  for (int64_t f : switches) out.write("prompt_embeds@" + std::to_string(f), cases().tensor("prompt.B").clone());
+  out.commit();
+  return path.string();
+}
+
+std::string noise_file(const std::string& name) {
+  const fs::path path = scratch() / (name + "-noise.safetensors");
+  latent::SafetensorsWriter out(path, {.durable = false});
+  out.write("latents", cases().tensor(name + ".noise").clone());
+  out.commit();
+  return path.string();
+}
+
+// The fixture's model through videogen: latents of 6x8 (video 48x64), T latent frames = 1 + 4 (T - 1) video frames.
+std::string causal_gen(int64_t latents, const std::string& props) {
+  return "videogen name=gen model=" + (data() / "pipeline").string() +
+         " transformer-weights=" + (data() / "causal-model.pt").string() +
+         " schedule=causal seed=42 width=64 height=48 num-frames=" + std::to_string(1 + 4 * (latents - 1)) + " " +
+         props + " ! ";
+}
+
+struct Tag {
+  size_t before_buffer;  // buffers the sink had received when the tag came
+  std::string prompt;
+  guint index;
+};
+
+// Records the prompt tags reaching the appsink named "out" and how many buffers came before each.
+struct TagProbe {
+  std::mutex mu;
+  std::vector<Tag> tags;
+  size_t buffers = 0;
+  static GstPadProbeReturn probe(GstPad*, GstPadProbeInfo* info, gpointer data) {
+    auto* self = static_cast<TagProbe*>(data);
+    std::lock_guard<std::mutex> lock(self->mu);
+    if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
+      self->buffers++;
+    } else if (GstEvent* e = GST_PAD_PROBE_INFO_EVENT(info); e && GST_EVENT_TYPE(e) == GST_EVENT_TAG) {
+      GstTagList* list = nullptr;
+      gst_event_parse_tag(e, &list);
+      gchar* prompt = nullptr;
+      guint index = 0;
+      if (gst_tag_list_get_string(list, "latent-prompt", &prompt) &&
+          gst_tag_list_get_uint(list, "latent-prompt-index", &index))
+        self->tags.push_back({self->buffers, prompt, index});
+      g_free(prompt);
+    }
+    return GST_PAD_PROBE_OK;
+  }
+  void attach(GstElement* pipeline) {
+    GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+    GstPad* pad = gst_element_get_static_pad(sink, "sink");
+    gst_pad_add_probe(pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM), probe,
+                      this, nullptr);
+    gst_object_unref(pad);
+    gst_object_unref(sink);
+  }
+};
+
+torch::Tensor run_ok(const std::string& desc, const std::function<void(GstElement*)>& setup = {}) {
+  Out out;
+  latent_test::run(desc + "appsink name=out", out, 120 * GST_SECOND, setup);
+  fail_unless(out.error.empty(), "%s: %s", desc.c_str(), out.error.c_str());
+  return stacked(out, 16, 6, 8);
+}
+
+// The error a pipeline posts on its way to PLAYING ("" when it plays).
+std::string error_of(const std::string& desc) {
+  Out out;
+  latent_test::run(desc + "appsink name=out", out, 60 * GST_SECOND);
+  return out.error;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+void expect_case(const std::string& name, int64_t latents, const std::string& props) {
+  const torch::Tensor got = run_ok(causal_gen(latents, "prompt-embeds=" + embeds("a") + " " + props));
+  const double rel = relative_error(got, channels_first(cases().tensor(name + ".latents")));
+  g_print("causal %s: %.2e relative to the reference\n", name.c_str(), rel);
+  fail_unless(rel <= kTolerance, "%s: relative error %g", name.c_str(), rel);
+}
+
+}  // namespace
+
+// Self-Forcing's global cache, a LongLive window evicting whole blocks with a sink, one evicting part of a block;
+// initial-noise of the seed's draw ([1, T, C, h, w], as the references draw it) gives the seed's run.
+GST_START_TEST(test_latents_match_the_references) {
+  expect_case("self_forcing", 9, "");
+  expect_case("window6_sink3", 9, "kv-window=6 sink-frames=3");
+  expect_case("window5_sink1", 9, "kv-window=5 sink-frames=1");
+  const std::string props = "prompt-embeds=" + embeds("a") + " kv-window=6 sink-frames=3";
+  fail_unless(torch::equal(run_ok(causal_gen(9, props + " initial-noise=" + noise_file("window6_sink3"))),
+                           run_ok(causal_gen(9, props))),
+              "initial-noise of the seed's draw gave another run than the seed");
+}
+GST_END_TEST;
+
+// prompt_embeds@12 in the embeddings file is LongLive's switch at latent frame 12, past a window of 9, with and
+// without global-sink; a tag before latent 12 says which prompt the stream switched to.
+GST_START_TEST(test_scripted_switch_matches_longlive) {
+  for (const bool global_sink : {true, false}) {
+    TagProbe tags;
+    const std::string file = embeds("switch12", {12});
+    const torch::Tensor got =
+        run_ok(causal_gen(15, "prompt-embeds=" + file + " kv-window=9 sink-frames=3 global-sink=" +
+                                  (global_sink ? "true" : "false")),
+               [&](GstElement* p) { tags.attach(p); });
+    const std::string name = std::string("switch12_window9_sink3") + (global_sink ? "" : "_gs0");
+    const double rel = relative_error(got, channels_first(cases().tensor(name + ".latents")));
+    g_print("causal %s: %.2e relative to LongLive\n", name.c_str(), rel);
+    fail_unless(rel <= kTolerance, "%s: relative error %g", name.c_str(), rel);
+    fail_unless_equals_int(tags.tags.size(), 1);
+    fail_unless_equals_int(tags.tags[0].before_buffer, 12);
+    fail_unless_equals_string(tags.tags[0].prompt.c_str(), "prompt_embeds@12");
+    fail_unless_equals_int(tags.tags[0].index, 1);
+  }
+  // A switch at frame 3, inside the window: the re-cache starts at frame 0 and makes the sink again.
+  const torch::Tensor got = run_ok(causal_gen(9, "prompt-embeds=" + embeds("switch3", {3}) + " kv-window=6 sink-frames=3"));
+  fail_unless(relative_error(got, channels_first(cases().tensor("switch3_window6_sink3.latents"))) <= kTolerance,
+              "switch at frame 3");
+}
+GST_END_TEST;
+
+// prompt set while playing: encoded aside, switched at a block start, tagged there; the stream equals the one
+// whose file scripts the switch at that frame, and its frames before it equal the run without a switch.
+GST_START_TEST(test_prompt_set_while_playing_switches_at_a_block_start) {
+  const std::string desc = causal_gen(15, "prompt-embeds=" + embeds("live") + " kv-window=9 sink-frames=3") +
+                           "appsink name=out sync=false max-buffers=1";
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
+  fail_unless(pipeline != nullptr);
+  TagProbe tags;
+  tags.attach(pipeline);
+  GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  Out out;
+  const std::string b = embeds("b", {}, "prompt.B");
+  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+    out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+    gst_sample_unref(s);
+    if (out.buffers.size() == 4) g_object_set(gen, "prompt-embeds", b.c_str(), nullptr);
+  }
+  fail_unless(gst_app_sink_is_eos(sink), "the stream did not end");
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(gen);
+  gst_object_unref(pipeline);
+  fail_unless_equals_int(out.buffers.size(), 15);
+  fail_unless_equals_int(tags.tags.size(), 1);
+  const size_t at = tags.tags[0].before_buffer;
+  fail_unless(at % 3 == 0 && at >= 6 && at < 15, "switched at latent %zu, not at a later block start", at);
+  fail_unless_equals_string(tags.tags[0].prompt.c_str(), b.c_str());
+  const torch::Tensor got = stacked(out, 16, 6, 8);
+  const auto base = [](const std::string& file) {
+    return causal_gen(15, "kv-window=9 sink-frames=3 prompt-embeds=" + file);
+  };
+  const torch::Tensor scripted = run_ok(base(embeds("scripted", {int64_t(at)})));
+  fail_unless(torch::equal(got, scripted), "the switch while playing differs from the scripted one at %zu", at);
+  const torch::Tensor plain = run_ok(base(embeds("a")));
+  fail_unless(torch::equal(got.narrow(2, 0, int64_t(at)), plain.narrow(2, 0, int64_t(at))),
+              "frames before the switch changed");
+  fail_unless(!torch::equal(got.narrow(2, int64_t(at), 3), plain.narrow(2, int64_t(at), 3)),
+              "the switch changed nothing");
+}
+GST_END_TEST;
+
+// prompt-schedule with a folder's text encoder: latents before the switch are the run's without it, those after
+// differ, and the tag names the prompt.
+GST_START_TEST(test_prompt_schedule_encodes_its_prompts) {
+  const std::string wan = (pipeline_fixtures() / "wan").string();
+  const std::string base = "videogen name=gen model=" + wan +
+                           " schedule=causal width=96 height=64 num-frames=21 kv-window=6 seed=3 prompt=\"a red fox\" ";
+  const auto run_text = [&](const std::string& extra, TagProbe* tags) {
+    Out out;
+    latent_test::run(base + extra + " ! appsink name=out", out, 120 * GST_SECOND, [&](GstElement* p) {
+      if (tags) tags->attach(p);
+    });
+    fail_unless(out.error.empty(), "%s: %s", extra.c_str(), out.error.c_str());
+    return stacked(out, 16, 8, 12);
+  };
+  TagProbe tags;
+  const torch::Tensor plain = run_text("", nullptr);
+  const torch::Tensor switched = run_text("prompt-schedule=\"3:a snowy forest at night\"", &tags);
+  fail_unless(torch::equal(plain.narrow(2, 0, 3), switched.narrow(2, 0, 3)), "frames before the switch changed");
+  fail_unless(relative_error(switched.narrow(2, 3, 3), plain.narrow(2, 3, 3)) > 1e-3, "the switch changed nothing");
+  fail_unless_equals_int(tags.tags.size(), 1);
+  fail_unless_equals_int(tags.tags[0].before_buffer, 3);
+  fail_unless_equals_string(tags.tags[0].prompt.c_str(), "a snowy forest at night");
+}
+GST_END_TEST;
+
+// A live stream whose model is slower than real time (1000 fps asked of a CPU): timestamps follow when latents
+// exist, so the last latent reaches the sink about one block after it exists, not the whole run behind; the
+// element says it is late (a warning, QoS messages).
+GST_START_TEST(test_live_timestamps_follow_when_latents_exist) {
+  const std::string desc = "videogen name=gen model=" + (data() / "pipeline").string() +
+                           " transformer-weights=" + (data() / "causal-model.pt").string() + " prompt-embeds=" +
+                           embeds("a") +
+                           " schedule=causal is-live=true framerate=1000/1 width=384 height=384 num-frames=97 "
+                           "denoising-steps=1000,900,800,700,600,500,400,300,200,100 kv-window=6 ! "
+                           "fakesink name=out sync=true qos=true";
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
+  fail_unless(pipeline != nullptr);
+  GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
+  GstPad* pad = gst_element_get_static_pad(sink, "sink");
+  struct Lag {
+    GstElement* sink;
+    std::vector<GstClockTimeDiff> lag;  // running time at the sink minus PTS, per latent
+  } lag{sink, {}};
+  gst_pad_add_probe(
+      pad, GST_PAD_PROBE_TYPE_BUFFER,
+      [](GstPad*, GstPadProbeInfo* info, gpointer data) {
+        auto* l = static_cast<Lag*>(data);
+        GstClock* clock = gst_element_get_clock(l->sink);
+        if (clock) {
+          const GstClockTime now = gst_clock_get_time(clock) - gst_element_get_base_time(l->sink);
+          l->lag.push_back(GstClockTimeDiff(now) - GstClockTimeDiff(GST_BUFFER_PTS(GST_PAD_PROBE_INFO_BUFFER(info))));
+          gst_object_unref(clock);
+        }
+        return GST_PAD_PROBE_OK;
+      },
+      &lag, nullptr);
+  gst_object_unref(pad);
+  GstBus* bus = gst_element_get_bus(pipeline);
+  const gint64 t0 = g_get_monotonic_time();
+  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  bool warned = false, qos = false, first_latency = false;
+  for (;;) {
+    GstMessage* m = gst_bus_timed_pop(bus, 120 * GST_SECOND);
+    fail_unless(m != nullptr, "the live stream neither ended nor failed");
+    const bool from_gen = g_strcmp0(GST_OBJECT_NAME(GST_MESSAGE_SRC(m)), "gen") == 0;
+    const GstMessageType type = GST_MESSAGE_TYPE(m);
+    if (type == GST_MESSAGE_WARNING && from_gen) warned = true;
+    if (type == GST_MESSAGE_QOS && from_gen) qos = true;
+    if (type == GST_MESSAGE_ELEMENT && gst_message_has_name(m, "videogen-first-latent")) first_latency = true;
+    const bool end = type == GST_MESSAGE_EOS || type == GST_MESSAGE_ERROR;
+    if (type == GST_MESSAGE_ERROR) {
+      GError* e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      fail("live run failed: %s", e->message);
+    }
+    gst_message_unref(m);
+    if (end) break;
+  }
+  const GstClockTimeDiff elapsed = (g_get_monotonic_time() - t0) * 1000;
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(bus);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  fail_unless_equals_int(lag.lag.size(), 25);
+  // Real time: 97 frames at 1000 fps are 0.1 s. The run takes far longer; stamped at the nominal rate, the last
+  // latent would reach the sink nearly the whole run late.
+  fail_unless(elapsed > 3 * GST_SECOND / 10, "the run took %" G_GINT64_FORMAT " ns: not slower than real time",
+              elapsed);
+  fail_unless(lag.lag.back() < elapsed / 2, "the last latent reached the sink %" G_GINT64_FORMAT
+              " ns after its PTS in a run of %" G_GINT64_FORMAT " ns", lag.lag.back(), elapsed);
+  fail_unless(warned, "no warning that generation is slower than real time");
+  fail_unless(qos, "no QoS message for latents that existed after their time");
+  fail_unless(first_latency, "no videogen-first-latent message");
+}
+GST_END_TEST;
+
+// An endless stream keeps its key/value window and nothing else: the process grows no more over 400 latents than
+// over 100 (LATENT_SCALE_TESTS=1: 2,000 after 200, as the soak).
+GST_START_TEST(test_endless_stream_memory_is_flat) {
+  const bool scale = g_getenv("LATENT_SCALE_TESTS") != nullptr;
+  const int warm = scale ? 200 : 100, total = scale ? 2000 : 400;
+  const std::string desc = "videogen name=gen model=" + (data() / "pipeline").string() +
+                           " transformer-weights=" + (data() / "causal-model.pt").string() + " prompt-embeds=" +
+                           embeds("a") +
+                           " schedule=causal width=64 height=48 kv-window=6 sink-frames=3 ! "
+                           "appsink name=out sync=false max-buffers=4";
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  long at_warm = 0;
+  for (int i = 0; i < total; ++i) {
+    GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND);
+    fail_unless(s != nullptr, "no latent %d", i);
+    gst_sample_unref(s);
+    if (i + 1 == warm) at_warm = latent_test::rss_kib();
+  }
+  const long growth = latent_test::rss_kib() - at_warm;
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  g_print("causal endless stream: RSS %+ld KiB from latent %d to %d\n", growth, warm, total);
+  // The window of this model is a few KiB; allocator noise stays within a few MiB.
+  fail_unless(growth < 8 * 1024, "RSS grew by %ld KiB from latent %d to %d", growth, warm, total);
+}
+GST_END_TEST;
+
+GST_START_TEST(test_bad_settings_are_refused_by_name) {
+  const std::string a = embeds("a");
+  const auto said = [&](const std::string& props) { return error_of(causal_gen(9, "prompt-embeds=" + a + " " + props)); };
+  std::string e = said("kv-window=4 sink-frames=3");
+  fail_unless(contains(e, "kv_window"), "a window without room for a block: '%s'", e.c_str());
+  e = said("guidance-scale=5");
+  fail_unless(contains(e, "guidance"), "guidance: '%s'", e.c_str());
+  e = said("denoising-steps=1000,x");
+  fail_unless(contains(e, "denoising-steps"), "bad steps: '%s'", e.c_str());
+  e = said("prompt-schedule=\"3:b\"");
+  fail_unless(contains(e, "prompt-schedule"), "a schedule without a text encoder: '%s'", e.c_str());
+  e = said("initial-noise=" + noise_file("window9_sink3_15f"));
+  fail_unless(contains(e, "initial-noise"), "noise of another length: '%s'", e.c_str());
+  const std::string file = embeds("bad-switch");
+  {
+    latent::SafetensorsWriter out(scratch() / "bad-switch.safetensors", {.durable = false});
+    out.write("prompt_embeds", cases().tensor("prompt.A").clone());
+    out.write("prompt_embeds@x", cases().tensor("prompt.B").clone());
+    out.commit();
+  }
+  e = error_of(causal_gen(9, "prompt-embeds=" + file));
+  fail_unless(contains(e, "prompt_embeds@x"), "a bad switch tensor: '%s'", e.c_str());
+  e = error_of("videogen name=gen model=" + (data() / "pipeline").string() + " prompt-embeds=" + a +
+               " schedule=fifo width=64 height=48 num-frames=9 prompt-schedule=\"3:b\" ! ");
+  fail_unless(contains(e, "schedule=causal"), "prompt-schedule with fifo: '%s'", e.c_str());
+  // The default generator has no key/value cache to run causally.
+  e = error_of("videogen name=gen schedule=causal num-frames=9 ! ");
+  fail_unless(contains(e, "key/value cache"), "a model without a causal form: '%s'", e.c_str());
+}
+GST_END_TEST;
+
+static Suite* causal_suite() {
+  Suite* s = suite_create("causal");
+  TCase* tc = tcase_create("general");
+  tcase_set_timeout(tc, 300);
+  suite_add_tcase(s, tc);
+  tcase_add_test(tc, test_latents_match_the_references);
+  tcase_add_test(tc, test_scripted_switch_matches_longlive);
+  tcase_add_test(tc, test_prompt_set_while_playing_switches_at_a_block_start);
+  tcase_add_test(tc, test_live_timestamps_follow_when_latents_exist);
+  tcase_add_test(tc, test_endless_stream_memory_is_flat);
+  tcase_add_test(tc, test_bad_settings_are_refused_by_name);
+  if (pipeline_fixtures().empty())
+    latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv): "
+                              "prompt-schedule with a text encoder not run");
+  else
+    tcase_add_test(tc, test_prompt_schedule_encodes_its_prompts);
+  return s;
+}
+
+LATENT_CHECK_MAIN(causal)
