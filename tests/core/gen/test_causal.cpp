@@ -309,3 +309,23 @@ TEST(KvCache, EvictionKeepsTheSinkAndTheNewestFrames) {
   EXPECT_EQ(c.frames, std::vector<int64_t>{0});
   EXPECT_EQ(c.k[0].size(1), 2);
 }
+
+// One latent frame per block (the references' num_frame_per_block = 1, as StreamDiffusionV2 runs): one frame per
+// call, steps - 1 re-noise draws of [1, 16, h, w] per block, and a window that evicts a single frame at a time.
+TEST(CausalSchedule, OneFramePerBlockEqualsTheReferences) {
+  for (const Case& c : {Case{"chunk1_self_forcing", 6, 0, 0}, Case{"chunk1_window4_sink1", 7, 4, 1}}) {
+    SCOPED_TRACE(c.name);
+    GeneratorOptions o = options(c);
+    o.causal.chunk_frames = 1;
+    Generator g(model(), o);
+    std::vector<torch::Tensor> frames;
+    while (!g.finished()) {
+      const std::vector<GeneratedFrame> block = g.next();
+      ASSERT_EQ(block.size(), 1u);
+      frames.push_back(block.front().latent);
+    }
+    const torch::Tensor got = torch::cat(frames, 2), want = channels_first(tensor(c.name + ".latents"));
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_LE(rel_error(got, want), kRelTolerance);
+  }
+}
