@@ -19,6 +19,11 @@
 // model. OpenMP gives every rank thread the process default (OMP_NUM_THREADS), not --threads: tools/bench
 // --generate --devices sets both. Per-call times are not kept then (the ranks call at once); a step's time is
 // the loop's wall time over its iterations.
+//
+// --schedule causal runs a causal few-step model (Self-Forcing, LongLive) a block at a time over its key/value
+// cache: --chunk latent frames a block, --denoising-steps on the 1000-step grid, a window of --kv-window frames
+// with --sink frames kept. Each next() is one block, so next_seconds holds the block times and the first one is
+// the time to the first latent. tools/bench --generate --causal runs it next to the reference's own loop.
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
 
@@ -58,6 +63,8 @@ struct Args {
   int64_t steps = 0, window = 0, context = -1, height = 0, width = 0, sample = 0;
   std::string device = "cpu", dtype = "auto";
   std::string devices, parallel = "auto";
+  int64_t chunk = 3, kv_window = 0, sink = 0;  // causal
+  std::vector<int64_t> denoising_steps{1000, 750, 500, 250};
   int threads = 0;
   uint64_t seed = 0;
   bool json = false;
@@ -70,6 +77,7 @@ struct Args {
                "                        [--device D] [--dtype T] [--threads N] [--seed S] [--sample K] [--json]\n"
                "                        [--text FILE] [--guidance G] [--save-latents FILE]\n"
                "                        [--devices D,D[,...]] [--parallel cfg=N,ulysses=N,partitions=N|auto]\n"
+               "                        [--chunk N] [--kv-window N] [--sink N] [--denoising-steps S,S,...]\n"
                "  --vae      decode every latent as it comes (the VAE whose latent space the generator names);\n"
                "             without it only generation is timed\n"
                "  --text     safetensors with \"text\" (and \"negative_text\" for guidance) prompt embeddings\n"
@@ -82,8 +90,22 @@ struct Args {
                "  --devices  one rank per entry (threads of this process; ranks on one device share the model),\n"
                "             as videogen devices=; set OMP_NUM_THREADS to the threads each rank should use\n"
                "  --parallel how the ranks share each iteration's model calls (product = ranks), or auto\n"
-               "             (latent::choose_plan)\n");
+               "             (latent::choose_plan)\n"
+               "  --schedule causal: blocks of --chunk latent frames (default 3), --denoising-steps on the\n"
+               "             1000-step grid (default 1000,750,500,250), --kv-window frames of keys and values (0: the\n"
+               "             model's trained clip) of which --sink are kept; no guidance\n");
   std::exit(code);
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
 }
 
 Args parse_args(int argc, char** argv) {
@@ -131,7 +153,21 @@ Args parse_args(int argc, char** argv) {
       a.text = r.value();
     else if (k == "--save-latents")
       a.save_latents = r.value();
-    else if (k == "--guidance") {
+    else if (k == "--chunk")
+      a.chunk = r.integer(1, 4096);
+    else if (k == "--kv-window")
+      a.kv_window = r.integer(0, 4096);
+    else if (k == "--sink")
+      a.sink = r.integer(0, 4095);
+    else if (k == "--denoising-steps") {
+      a.denoising_steps.clear();
+      const std::string v = r.value();
+      for (const std::string& item : split_commas(v)) {
+        const auto step = latent::bounded_integer(item, 0, 1000);
+        if (!step) r.fail("wants steps in [0, 1000] separated by commas, got '" + v + "'");
+        a.denoising_steps.push_back(*step);
+      }
+    } else if (k == "--guidance") {
       const std::string v = r.value();
       const auto g = latent::bounded_number(v, 0.0, 1e6);
       if (!g) r.fail("wants a number >= 0, got '" + v + "'");
@@ -145,17 +181,6 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.sample == 0) a.sample = std::max<int64_t>(1, a.latents / 10);
   return a;
-}
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = text.find(',', start);
-    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
-  }
 }
 
 // videogen's parallel= syntax: "cfg=2,ulysses=1,partitions=2" (missing ones are 1); nullopt for "auto".
@@ -216,12 +241,26 @@ latent::json::Array reals(const std::vector<double>& v) {
   return out;
 }
 
+latent::json::Array integers(const std::vector<int64_t>& v) {
+  latent::json::Array out;
+  for (int64_t x : v) out.push_back(Value::integer(x));
+  return out;
+}
+
 latent::GeneratorOptions generator_options(const Args& a, const latent::DenoiserSpec& spec) {
   latent::GeneratorOptions o;
   o.schedule = latent::parse_schedule_kind(a.schedule);
   o.sampler = spec.sampler;
   if (a.steps > 0) o.sampler.steps = a.steps;
   o.guidance = a.guidance >= 0 ? a.guidance : spec.guidance;
+  if (o.schedule == latent::ScheduleKind::causal) {
+    // A causal few-step model runs without guidance: the folder's default scale is its bidirectional parent's.
+    if (a.guidance < 0) o.guidance = 1.0;
+    o.causal.chunk_frames = a.chunk;
+    o.causal.kv_window = a.kv_window;
+    o.causal.sink_frames = a.sink;
+    o.causal.denoising_steps = a.denoising_steps;
+  }
   if (!a.text.empty()) {
     const latent::SafetensorsFile f = latent::SafetensorsFile::open(a.text);
     o.text = f.tensor("text");
@@ -275,6 +314,9 @@ int run(const Args& a) {
     }
   }
   const latent::GeneratorOptions options = generator_options(a, model->spec());
+  // The causal schedule runs the model's own cached path, which the timing wrapper does not have: its block
+  // times are next()'s.
+  if (options.schedule == latent::ScheduleKind::causal) model = timed->inner();
   std::unique_ptr<latent::Generator> one;
   std::unique_ptr<latent::ParallelGenerator> many;
   if (ranks.size() > 1) {
@@ -388,6 +430,10 @@ int run(const Args& a) {
       {"iterations", Value::integer(int64_t(next_seconds.size()))},
       {"next_seconds", Value(reals(next_seconds))},
       {"guidance", Value::real(o.guidance)},
+      {"chunk_frames", Value::integer(o.causal.chunk_frames)},
+      {"kv_window", Value::integer(o.causal.kv_window)},
+      {"sink_frames", Value::integer(o.causal.sink_frames)},
+      {"denoising_steps", Value(integers(o.causal.denoising_steps))},
       {"text", a.text},
       {"latents_file", a.save_latents},
       {"generate_seconds", Value::real(gen_seconds)},
@@ -412,7 +458,9 @@ int run(const Args& a) {
   } else {
     const double mib = 1024.0 * 1024.0;
     std::printf("%lld latents (%s, %lld steps, %lld model calls) in %.2f s: %.2f latents/s, first after %.2f s\n",
-                (long long)latents, latent::schedule_kind_name(o.schedule), (long long)o.sampler.steps,
+                (long long)latents, latent::schedule_kind_name(o.schedule),
+                (long long)(o.schedule == latent::ScheduleKind::causal ? int64_t(o.causal.denoising_steps.size())
+                                                                       : o.sampler.steps),
                 (long long)gen_calls(), gen_seconds, double(latents) / gen_seconds, first_latent);
     if (vae)
       std::printf("%lld frames decoded in %.2f s: %.2f frames/s end to end\n", (long long)frames, decode_seconds,

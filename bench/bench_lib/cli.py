@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 
-from . import flops, generation, models, native_generation, parallel_generation, report, spatial
+from . import (causal_generation, flops, generation, models, native_generation, parallel_generation, report,
+               spatial)
 from .measure import TOP, Runner, describe, log, machine_info
 
 
@@ -239,9 +240,29 @@ def main(argv=None):
                    help="with --generate: instead, the native Wan 2.1 denoiser (a random-weight diffusers folder "
                         "made at bench time) through the clip schedule against diffusers' WanPipeline, with and "
                         "without guidance: time per step, peak RSS, final latents compared")
-    p.add_argument("--model", choices=sorted(native_generation.MODELS), default="",
+    p.add_argument("--causal", action="store_true",
+                   help="with --generate: instead, the causal schedule (Self-Forcing / LongLive live generation) on a "
+                        "random-weight Wan folder against the reference's own loop (--reference-dir): time to the "
+                        "first block, steady-state latent frames/s, peak RSS, latents compared; then an H100 "
+                        "estimate from the shapes")
+    p.add_argument("--model", choices=sorted(set(native_generation.MODELS) | set(causal_generation.MODELS)),
+                   default="",
                    help="with --generate --native: the folder's model: wan2.1 (default; small width) or ti2v (Wan 2.2 "
-                        "TI2V-5B's full width, 48-channel latents and expand_timesteps, 2 layers; default 3 steps)")
+                        "TI2V-5B's full width, 48-channel latents and expand_timesteps, 2 layers; default 3 steps). "
+                        "With --generate --causal: tiny (default; the causal fixtures' dims) or 1.3b (Wan 2.1 1.3B's "
+                        "width, 2 layers, 16x16 latents)")
+    p.add_argument("--reference-dir", default="",
+                   help="--causal: a local copy of Self-Forcing (github.com/guandeh17/Self-Forcing, 33593df; LongLive "
+                        "works too), which is not on the package index (default: /tmp/refs/Self-Forcing if it is "
+                        "there; without one gst-latent is measured alone)")
+    p.add_argument("--blocks", type=int, default=0, help="--causal: blocks of 3 latent frames (default 6)")
+    p.add_argument("--kv-window", type=int, default=None,
+                   help="--causal: latent frames of keys and values (default 12, LongLive's; 0: the global cache of "
+                        "21 frames, Self-Forcing's)")
+    p.add_argument("--sink", type=int, default=None,
+                   help="--causal: frames kept at the window's start (default 3 with a window, else 0)")
+    p.add_argument("--denoising-steps", default="",
+                   help="--causal: steps on the 1000-step grid, comma-separated (default 1000,750,500,250)")
     p.add_argument("--devices", default="", metavar="D,D[,...]",
                    help="with --generate: instead, one stream on these ranks (threads of one process, e.g. cpu,cpu) "
                         "against one device on the same work: cfg 2 (guided native Wan clip), Ulysses (unguided "
@@ -313,10 +334,18 @@ def main(argv=None):
     mode_name = args.mode
     if (args.native or args.devices) and mode_name != "generate":
         p.error("--native and --devices go with --generate")
-    if args.native and args.devices:
-        p.error("--native and --devices are different runs")
-    if args.model and not args.native:
-        p.error("--model goes with --generate --native")
+    if args.causal and mode_name != "generate":
+        p.error("--causal goes with --generate")
+    if sum(map(bool, (args.native, args.devices, args.causal))) > 1:
+        p.error("--native, --devices and --causal are different runs")
+    if args.model and not (args.native or args.causal):
+        p.error("--model goes with --generate --native or --generate --causal")
+    if args.model and args.model not in (causal_generation.MODELS if args.causal else native_generation.MODELS):
+        p.error(f"--model {args.model} is not a model of --{'causal' if args.causal else 'native'}")
+    causal_only = (args.reference_dir, args.blocks, args.kv_window is not None, args.sink is not None,
+                   args.denoising_steps)
+    if any(causal_only) and not args.causal:
+        p.error("--reference-dir, --blocks, --kv-window, --sink and --denoising-steps go with --generate --causal")
     if args.spatial:
         if mode_name != "memory":
             p.error("--spatial goes with --memory")
@@ -336,6 +365,11 @@ def main(argv=None):
                 with open(args.render) as f:
                     return parallel_generation.render(json.load(f), args.out)
             return parallel_generation.run(args, binary, args.out)
+        if args.causal:
+            if args.render:
+                with open(args.render) as f:
+                    return causal_generation.render(json.load(f), args.out)
+            return causal_generation.run(args, binary, args.out)
         if args.native:
             if args.render:
                 with open(args.render) as f:
