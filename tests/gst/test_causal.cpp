@@ -255,50 +255,48 @@ GST_START_TEST(test_prompt_schedule_encodes_its_prompts) {
 }
 GST_END_TEST;
 
-// A live stream whose model is slower than real time (1000 fps asked of a CPU): timestamps follow when latents
-// exist, so the last latent reaches the sink about one block after it exists, not the whole run behind; the
-// element says it is late (a warning, QoS messages).
-GST_START_TEST(test_live_timestamps_follow_when_latents_exist) {
-  const std::string desc = "videogen name=gen model=" + (data() / "pipeline").string() +
-                           " transformer-weights=" + (data() / "causal-model.pt").string() + " prompt-embeds=" +
-                           embeds("a") +
-                           " schedule=causal is-live=true framerate=1000/1 width=384 height=384 num-frames=97 "
-                           "denoising-steps=1000,900,800,700,600,500,400,300,200,100 kv-window=6 ! "
-                           "fakesink name=out sync=true qos=true";
+struct LiveRun {
+  std::vector<GstClockTimeDiff> lag;  // per latent: running time on reaching the sink minus its PTS
+  GstClockTimeDiff elapsed = 0;
+  bool warned = false, qos = false, first_latency = false;
+};
+
+// Runs a live pipeline whose sink is named "out" to EOS, watching the latents reach the sink and the messages.
+LiveRun run_live(const std::string& desc) {
+  LiveRun r;
   GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
   fail_unless(pipeline != nullptr);
   GstElement* sink = gst_bin_get_by_name(GST_BIN(pipeline), "out");
   GstPad* pad = gst_element_get_static_pad(sink, "sink");
-  struct Lag {
+  struct Probe {
     GstElement* sink;
-    std::vector<GstClockTimeDiff> lag;  // running time at the sink minus PTS, per latent
-  } lag{sink, {}};
+    LiveRun* run;
+  } probe{sink, &r};
   gst_pad_add_probe(
       pad, GST_PAD_PROBE_TYPE_BUFFER,
       [](GstPad*, GstPadProbeInfo* info, gpointer data) {
-        auto* l = static_cast<Lag*>(data);
-        GstClock* clock = gst_element_get_clock(l->sink);
-        if (clock) {
-          const GstClockTime now = gst_clock_get_time(clock) - gst_element_get_base_time(l->sink);
-          l->lag.push_back(GstClockTimeDiff(now) - GstClockTimeDiff(GST_BUFFER_PTS(GST_PAD_PROBE_INFO_BUFFER(info))));
+        auto* p = static_cast<Probe*>(data);
+        if (GstClock* clock = gst_element_get_clock(p->sink)) {
+          const GstClockTime now = gst_clock_get_time(clock) - gst_element_get_base_time(p->sink);
+          p->run->lag.push_back(GstClockTimeDiff(now) -
+                                GstClockTimeDiff(GST_BUFFER_PTS(GST_PAD_PROBE_INFO_BUFFER(info))));
           gst_object_unref(clock);
         }
         return GST_PAD_PROBE_OK;
       },
-      &lag, nullptr);
+      &probe, nullptr);
   gst_object_unref(pad);
   GstBus* bus = gst_element_get_bus(pipeline);
   const gint64 t0 = g_get_monotonic_time();
   fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
-  bool warned = false, qos = false, first_latency = false;
   for (;;) {
     GstMessage* m = gst_bus_timed_pop(bus, 120 * GST_SECOND);
     fail_unless(m != nullptr, "the live stream neither ended nor failed");
     const bool from_gen = g_strcmp0(GST_OBJECT_NAME(GST_MESSAGE_SRC(m)), "gen") == 0;
     const GstMessageType type = GST_MESSAGE_TYPE(m);
-    if (type == GST_MESSAGE_WARNING && from_gen) warned = true;
-    if (type == GST_MESSAGE_QOS && from_gen) qos = true;
-    if (type == GST_MESSAGE_ELEMENT && gst_message_has_name(m, "videogen-first-latent")) first_latency = true;
+    if (type == GST_MESSAGE_WARNING && from_gen) r.warned = true;
+    if (type == GST_MESSAGE_QOS && from_gen) r.qos = true;
+    if (type == GST_MESSAGE_ELEMENT && gst_message_has_name(m, "videogen-first-latent")) r.first_latency = true;
     const bool end = type == GST_MESSAGE_EOS || type == GST_MESSAGE_ERROR;
     if (type == GST_MESSAGE_ERROR) {
       GError* e = nullptr;
@@ -308,21 +306,53 @@ GST_START_TEST(test_live_timestamps_follow_when_latents_exist) {
     gst_message_unref(m);
     if (end) break;
   }
-  const GstClockTimeDiff elapsed = (g_get_monotonic_time() - t0) * 1000;
+  r.elapsed = (g_get_monotonic_time() - t0) * 1000;
   gst_element_set_state(pipeline, GST_STATE_NULL);
   gst_object_unref(bus);
   gst_object_unref(sink);
   gst_object_unref(pipeline);
-  fail_unless_equals_int(lag.lag.size(), 25);
+  return r;
+}
+
+std::string live_gen(const std::string& props) {
+  return "videogen name=gen model=" + (data() / "pipeline").string() +
+         " transformer-weights=" + (data() / "causal-model.pt").string() + " prompt-embeds=" + embeds("a") +
+         " schedule=causal is-live=true kv-window=6 " + props + " ! ";
+}
+
+// A live stream whose model is slower than real time (1000 fps asked of a CPU), no sink lateness acted on
+// (max-lateness=-1): timestamps follow when latents exist, so the last latent reaches the sink about one block
+// after it exists, not the whole run behind; the element says it is late (a warning, QoS messages).
+GST_START_TEST(test_live_timestamps_follow_when_latents_exist) {
+  const LiveRun r = run_live(live_gen("framerate=1000/1 width=384 height=384 num-frames=97 max-lateness=-1 "
+                                      "denoising-steps=1000,900,800,700,600,500,400,300,200,100") +
+                             "fakesink name=out sync=true");
+  fail_unless_equals_int(r.lag.size(), 25);
   // Real time: 97 frames at 1000 fps are 0.1 s. The run takes far longer; stamped at the nominal rate, the last
   // latent would reach the sink nearly the whole run late.
-  fail_unless(elapsed > 3 * GST_SECOND / 10, "the run took %" G_GINT64_FORMAT " ns: not slower than real time",
-              elapsed);
-  fail_unless(lag.lag.back() < elapsed / 2, "the last latent reached the sink %" G_GINT64_FORMAT
-              " ns after its PTS in a run of %" G_GINT64_FORMAT " ns", lag.lag.back(), elapsed);
-  fail_unless(warned, "no warning that generation is slower than real time");
-  fail_unless(qos, "no QoS message for latents that existed after their time");
-  fail_unless(first_latency, "no videogen-first-latent message");
+  fail_unless(r.elapsed > 3 * GST_SECOND / 10, "the run took %" G_GINT64_FORMAT " ns: not slower than real time",
+              r.elapsed);
+  fail_unless(r.lag.back() < r.elapsed / 2,
+              "the last latent reached the sink %" G_GINT64_FORMAT " ns after its PTS in a run of %" G_GINT64_FORMAT
+              " ns",
+              r.lag.back(), r.elapsed);
+  fail_unless(r.warned, "no warning that generation is slower than real time");
+  fail_unless(r.qos, "no QoS message for latents that existed after their time");
+  fail_unless(r.first_latency, "no videogen-first-latent message");
+}
+GST_END_TEST;
+
+// A model faster than real time and a sink slower than it (60 ms per 40 ms latent): the sink's QoS lateness beyond
+// max-lateness moves the timestamps later, so the lag at the sink stays bounded instead of growing by 20 ms per
+// latent (0.5 s at the last of 25).
+GST_START_TEST(test_live_sink_lateness_skips_time) {
+  const LiveRun r = run_live(live_gen("framerate=100/1 width=64 height=48 num-frames=97 max-lateness=40000000") +
+                             "identity sleep-time=60000 ! fakesink name=out sync=true qos=true");
+  fail_unless_equals_int(r.lag.size(), 25);
+  fail_unless(r.lag.back() < r.elapsed / 6,
+              "the last latent reached the sink %" G_GINT64_FORMAT " ns after its PTS in a run of %" G_GINT64_FORMAT
+              " ns",
+              r.lag.back(), r.elapsed);
 }
 GST_END_TEST;
 
@@ -396,6 +426,7 @@ static Suite* causal_suite() {
   tcase_add_test(tc, test_scripted_switch_matches_longlive);
   tcase_add_test(tc, test_prompt_set_while_playing_switches_at_a_block_start);
   tcase_add_test(tc, test_live_timestamps_follow_when_latents_exist);
+  tcase_add_test(tc, test_live_sink_lateness_skips_time);
   tcase_add_test(tc, test_endless_stream_memory_is_flat);
   tcase_add_test(tc, test_bad_settings_are_refused_by_name);
   if (pipeline_fixtures().empty())
