@@ -27,8 +27,13 @@ if [ -n "$pipelines" ] && [ -f "$pipelines/stamp" ]; then
     width=96 height=64 steps=2 >"$dir/t2v.log" 2>&1 || { cat "$dir/t2v.log"; echo "FAIL: text-to-mp4.sh"; exit 1; }
   n=$(gst-launch-1.0 -v filesrc location="$dir/fox.mp4" ! qtdemux ! avdec_mpeg4 ! fakesink silent=false 2>&1 | grep -c 'chain' || true)
   [ "$n" -eq 9 ] || { echo "FAIL: $n frames in the text-to-video mp4, 9 expected"; exit 1; }
+  # Live causal generation from the same folder (random weights run causally): an endless live stream that the
+  # sink stops after 6 frames; the script must then exit cleanly.
+  timeout 120 "$src/examples/live-generate.sh" "$pipelines/wan" "a red fox running through snow" \
+    "fakesink num-buffers=6" width=96 height=64 kv-window=6 >"$dir/causal.log" 2>&1 \
+    || { cat "$dir/causal.log"; echo "FAIL: live-generate.sh"; exit 1; }
 else
-  echo "SKIP: text-to-mp4.sh (no pipeline fixtures: a build without the .venv)"
+  echo "SKIP: text-to-mp4.sh and live-generate.sh (no pipeline fixtures: a build without the .venv)"
 fi
 # A live source never ends by itself: the sink stops after 6 frames and the script must then exit cleanly.
 timeout 120 "$src/examples/round-trip-to-screen.sh" "$model" "fakesink num-buffers=6" >"$dir/live.log" 2>&1 \
