@@ -80,6 +80,7 @@ enum {
   PROP_CONTEXT_NOISE,
   PROP_PROMPT_SCHEDULE,
   PROP_MAX_LATENESS,
+  PROP_WARP_DENOISING_STEPS,
 };
 
 // Tags on the stream where a causal run's prompt switched: what the prompt was made from, and its number.
@@ -689,6 +690,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_GLOBAL_SINK: s.global_sink = g_value_get_boolean(value); break;
     case PROP_DENOISING_STEPS: s.denoising_steps = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_CONTEXT_NOISE: s.context_noise = g_value_get_double(value); break;
+    case PROP_WARP_DENOISING_STEPS: s.warp_denoising_steps = g_value_get_boolean(value); break;
     case PROP_PROMPT_SCHEDULE: s.prompt_schedule = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_MAX_LATENESS: {
       const gint64 v = g_value_get_int64(value);
@@ -761,6 +763,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_GLOBAL_SINK: g_value_set_boolean(value, s.global_sink); break;
     case PROP_DENOISING_STEPS: g_value_set_string(value, s.denoising_steps.c_str()); break;
     case PROP_CONTEXT_NOISE: g_value_set_double(value, s.context_noise); break;
+    case PROP_WARP_DENOISING_STEPS: g_value_set_boolean(value, s.warp_denoising_steps); break;
     case PROP_PROMPT_SCHEDULE:
       g_value_set_string(value, s.prompt_schedule.empty() ? nullptr : s.prompt_schedule.c_str());
       break;
@@ -859,8 +862,15 @@ void install_properties(GObjectClass* gobject) {
       gobject, PROP_DENOISING_STEPS,
       g_param_spec_string("denoising-steps", "Denoising steps",
                           "schedule=causal: the few steps of each block on the 1000-step grid, warped through the "
-                          "flow schedule of shift 5 (set shift to change it)",
+                          "flow schedule of shift 5 (set shift to change it; CausVid: shift=8)",
                           "1000,750,500,250", rw));
+  g_object_class_install_property(
+      gobject, PROP_WARP_DENOISING_STEPS,
+      g_param_spec_boolean("warp-denoising-steps", "Warp denoising steps",
+                           "schedule=causal: take denoising-steps through the shifted flow schedule (Self-Forcing, "
+                           "LongLive, Krea, CausVid's 4-step model); false: the steps are the timesteps themselves "
+                           "(CausVid's 3-step model: 1000,757,522 with shift=8)",
+                           TRUE, rw));
   g_object_class_install_property(
       gobject, PROP_CONTEXT_NOISE,
       g_param_spec_double("context-noise", "Context noise",

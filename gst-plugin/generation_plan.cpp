@@ -224,6 +224,8 @@ Run plan_run(const std::vector<std::shared_ptr<const Denoiser>>& ranks, const Vi
     o.causal.global_sink = s.global_sink;
     o.causal.denoising_steps = parse_denoising_steps(s.denoising_steps);
     o.causal.context_noise = s.context_noise;
+    o.causal.warp = s.warp_denoising_steps;
+    if (s.shift > 0.0) o.causal.shift = s.shift;
   }
   o.seed = s.seed;
   o.window = s.window;

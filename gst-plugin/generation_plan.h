@@ -56,6 +56,7 @@ struct VideoGenSettings {
   bool global_sink = true;
   std::string denoising_steps = "1000,750,500,250";
   double context_noise = 0.0;
+  bool warp_denoising_steps = true;
   // "N:TEXT|N:TEXT": from latent frame N on, TEXT (encoded by the folder's text encoder).
   std::string prompt_schedule;
 };

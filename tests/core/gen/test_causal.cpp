@@ -115,6 +115,26 @@ TEST(CausalSchedule, TimestepsAreTheReferencesFloat32Values) {
   }
 }
 
+// CausVid's 3-step model takes its steps unwarped at shift 8: the model sees 757 itself, and the sigma is the grid's
+// nearest to it, sigma(757) on the shift-8 grid being 0.9613 (a warped step 757 would be timestep 961.3).
+TEST(CausalSchedule, UnwarpedStepsAreTimestepsWithTheNearestGridSigma) {
+  CausalOptions o;
+  o.denoising_steps = {1000, 757, 522};
+  o.shift = 8.0;
+  o.warp = false;
+  const std::vector<double> t = causal_timesteps(o), s = causal_sigmas(o);
+  EXPECT_EQ(t, (std::vector<double>{1000.0, 757.0, 522.0}));
+  const torch::Tensor grid = torch::linspace(1.0, 0.0, 1001, torch::kFloat).narrow(0, 0, 1000);
+  const torch::Tensor sig = 8.0 * grid / (1 + 7.0 * grid), ts = sig * 1000;
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t k = (ts - float(t[i])).abs().argmin().item<int64_t>();
+    EXPECT_EQ(s[i], double(sig[k].item<float>())) << i;
+    EXPECT_LT(std::abs(ts[k].item<float>() - t[i]), 1.0) << i;
+  }
+  o.warp = true;
+  EXPECT_NE(causal_timesteps(o)[1], 757.0);
+}
+
 TEST(CausalSchedule, GlobalCacheEqualsSelfForcing) { expect_case({"self_forcing", 9, 0, 0}); }
 TEST(CausalSchedule, WindowEvictingAWholeBlockWithASinkEqualsLongLive) { expect_case({"window6_sink3", 9, 6, 3}); }
 TEST(CausalSchedule, WindowEvictingPartOfABlockEqualsLongLive) { expect_case({"window5_sink1", 9, 5, 1}); }

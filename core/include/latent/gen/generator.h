@@ -58,6 +58,9 @@ struct CausalOptions {
   // - 1) s) on s = linspace(1, 0, 1001)[:-1], timestep 1000 sigma, taken at 1000 - step).
   std::vector<int64_t> denoising_steps{1000, 750, 500, 250};
   double shift = 5.0;
+  // false: the steps are the model's timesteps themselves, each with the sigma of the nearest grid timestep
+  // (CausVid's 3-step model: steps 1000, 757, 522 at shift 8).
+  bool warp = true;
   double context_noise = 0.0;
   // A prompt switch past the window keeps the old sink (LongLive's global_sink); else the sink is made again
   // under the new prompt.

@@ -23,10 +23,28 @@ torch::Tensor flow_sigmas(double shift) {
 }
 
 // The sigmas at the denoising steps: the grid's entry 1000 - step, step 0 being the clean end (sigma 0).
-std::vector<float> step_sigmas(const CausalOptions& o) {
+// Each step's model timestep and sigma. Warped (Self-Forcing, LongLive, CausVid's 4-step model): the grid's entry
+// 1000 - step, step 0 being the clean end. Unwarped (CausVid's 3-step model): the step itself is the timestep,
+// and its sigma the grid's at the nearest grid timestep (the first of equals), as their scheduler looks it up.
+std::vector<std::pair<double, float>> step_levels(const CausalOptions& o) {
   const torch::Tensor sigmas = flow_sigmas(o.shift);
+  const torch::Tensor grid = sigmas * 1000;
+  std::vector<std::pair<double, float>> out;
+  for (int64_t step : o.denoising_steps) {
+    if (o.warp) {
+      const float sigma = step == 0 ? 0.0f : sigmas[1000 - step].item<float>();
+      out.emplace_back(double(sigma * 1000.0f), sigma);
+    } else {
+      const int64_t nearest = (grid - float(step)).abs().argmin().item<int64_t>();
+      out.emplace_back(double(step), sigmas[nearest].item<float>());
+    }
+  }
+  return out;
+}
+
+std::vector<float> step_sigmas(const CausalOptions& o) {
   std::vector<float> out;
-  for (int64_t step : o.denoising_steps) out.push_back(step == 0 ? 0.0f : sigmas[1000 - step].item<float>());
+  for (const auto& level : step_levels(o)) out.push_back(level.second);
   return out;
 }
 
@@ -222,7 +240,7 @@ class Causal final : public CausalSchedule {
 
 std::vector<double> causal_timesteps(const CausalOptions& o) {
   std::vector<double> out;
-  for (float s : step_sigmas(o)) out.push_back(double(s * 1000.0f));
+  for (const auto& level : step_levels(o)) out.push_back(level.first);
   return out;
 }
 
