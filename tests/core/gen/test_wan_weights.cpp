@@ -400,4 +400,85 @@ TEST(LoraList, RefusesBadEntries) {
   }
 }
 
+// ---- LongLive's LoRA: a tiny causal Wan model's LoRA written and applied by LongLive's own code (its PEFT wrapping
+// and set_peft_model_state_dict), tests/fixtures/gen_causal_fixtures.py, committed in tests/fixtures/data/causal/.
+// The reference runs the LoRA beside the weights and the time sinusoid in float64, this code merges in float32 and
+// computes the sinusoid in float32: a few 1e-6 apart, while the LoRA moves this flow by about 0.1 (the script checks
+// more than 1e-2), so kRelTolerance tells a LoRA read right from one read wrong or not at all.
+
+fs::path causal_data() { return fs::path(LATENT_TEST_SOURCE_ROOT) / "tests" / "fixtures" / "data" / "causal"; }
+
+// Block 0's first call of the reference loop: the case's noise over the block's 3 frames at t = 1000, prompt A, as
+// the model's flow [1, C, T, h, w]; `loras` over the causal checkpoint's generator weights.
+torch::Tensor causal_first_flow(std::vector<LoraFile> loras) {
+  const fs::path dir = causal_data();
+  const WeightSource c = read_weights(dir / "causal-cases.safetensors");
+  const torch::Tensor x =
+      c.tensors.at("self_forcing.noise").slice(1, 0, 3).permute({0, 2, 1, 3, 4}).contiguous().to(torch::kFloat);
+  const auto m = load_denoiser(dir / "pipeline", {}, with_loras(std::move(loras), dir / "causal-model.pt"));
+  return m->predict(x, torch::full({1, 3}, 1000.0), c.tensors.at("prompt.A").to(torch::kFloat));
+}
+
+torch::Tensor causal_fixture(const std::string& name) {
+  return read_weights(causal_data() / "causal-cases.safetensors")
+      .tensors.at(name)
+      .to(torch::kFloat)
+      .permute({0, 2, 1, 3, 4});
+}
+
+TEST(WanLora, LongLiveFormatEqualsPeftMerge) {
+  const fs::path lora = causal_data() / "causal-lora.pt";
+  const torch::Tensor want = causal_fixture("lora.flow0"), base = causal_fixture("self_forcing.flow0");
+  const double err = rel_error(causal_first_flow({{lora, 1.0}}), want);
+  const double off = rel_error(causal_first_flow({{lora, 0.0}}), base), moved = rel_error(base, want);
+  std::printf(
+      "LongLive LoRA at 1: max abs error relative to LongLive's PEFT run %.3g; at 0, to the base model %.3g; "
+      "the LoRA moves the flow by %.3g\n",
+      err, off, moved);
+  EXPECT_LT(err, kRelTolerance);
+  EXPECT_LT(off, kRelTolerance);
+  EXPECT_GT(moved, 100 * kRelTolerance) << "the LoRA must move the flow for the test to tell";
+}
+
+// Its errors: keys under another prefix, a module that is not in the model, a tensor given twice (with and
+// without the adapter name) and the base weight PEFT keeps beside the LoRA, each named with its key.
+TEST(WanLora, LongLiveFormatErrors) {
+  LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
+  const std::string q = "base_model.model.blocks.0.self_attn.q.";
+  expect_mentions(lora_error("lora-ll-mixed.safetensors",
+                             {{q + "lora_A.weight", r({4, kDim})}, {"transformer.x.lora_B.weight", r({kDim, 4})}}),
+                  {"transformer.x.lora_B.weight", "base_model.model.", "LongLive"});
+  expect_mentions(
+      lora_error("lora-ll-zz.safetensors", {{"base_model.model.blocks.0.self_attn.zz.lora_A.weight", r({4, kDim})}}),
+      {"base_model.model.blocks.0.self_attn.zz.lora_A.weight", "no counterpart"});
+  expect_mentions(lora_error("lora-ll-twice.safetensors", {{q + "lora_A.weight", r({4, kDim})},
+                                                           {q + "lora_A.default.weight", r({4, kDim})},
+                                                           {q + "lora_B.weight", r({kDim, 4})}}),
+                  {"a second"});
+  expect_mentions(lora_error("lora-ll-base.safetensors", {{q + "lora_A.weight", r({4, kDim})},
+                                                          {q + "lora_B.weight", r({kDim, 4})},
+                                                          {q + "base_layer.weight", r({kDim, kDim})}}),
+                  {q + "base_layer.weight", "not a LoRA tensor"});
+}
+
+// PEFT's own state dict (adapter name "default" kept) and a LoRA over the trainers' wrapper ("model." before the
+// network) merge as get_peft_model_state_dict's keys do.
+TEST(WanLora, LongLiveSpellingsMergeAlike) {
+  LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
+  const torch::Tensor a = r({4, kDim}), b = r({kDim, 4});
+  const std::string plain = "base_model.model.blocks.1.cross_attn.v.",
+                    wrapped = "base_model.model.model.blocks.1.cross_attn.v.";
+  const fs::path f1 = write_file("ll-plain.safetensors", {{plain + "lora_A.weight", a}, {plain + "lora_B.weight", b}});
+  const fs::path f2 = write_file("ll-default.safetensors",
+                                 {{wrapped + "lora_A.default.weight", a}, {wrapped + "lora_B.default.weight", b}});
+  const WeightSource before = weights({});
+  WeightEdits e1, e2;
+  e1.loras = {{f1, 0.5}};
+  e2.loras = {{f2, 0.5}};
+  const WeightSource w1 = weights(e1), w2 = weights(e2);
+  const std::string name = "blocks.1.attn2.to_v.weight";
+  EXPECT_TRUE(torch::allclose(w1.tensors.at(name), before.tensors.at(name) + 0.5 * torch::matmul(b, a), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::equal(w1.tensors.at(name), w2.tensors.at(name)));
+}
+
 }  // namespace

@@ -3,6 +3,11 @@
 // set_adapters(weight=scale): y = W x + b + scale * (alpha / rank) * B (A x + ...) + scale * (alpha / rank) * bias_B,
 // where the original format folds alpha / rank into A and B (not into diff_b) and a diffusers file without adapter
 // metadata has alpha = rank. Merging gives the same numbers up to float32 rounding.
+//
+// LongLive's LoRA (NVlabs/LongLive utils/lora_utils.py, inference.py) is PEFT over Wan's original module names: a
+// torch.save dict {"generator_lora": get_peft_model_state_dict(...), "critic_lora": ..., "step"} or the bare state
+// dict, keys "base_model.model.<module>.lora_A/lora_B.weight". It stores no alpha; its configs set alpha = rank, so
+// the factor is 1 as for a diffusers file without metadata.
 #include "gen/models/wan_lora.h"
 
 #include <torch/torch.h>
@@ -61,7 +66,9 @@ LoraTensors read_lora(const fs::path& file) {
   if (!fs::is_regular_file(file, ec)) throw ModelError(out.where + ": no such LoRA file");
   const std::string ext = file.extension().string();
   if (ext == ".pt" || ext == ".pth" || ext == ".ckpt") {
-    WeightSource src = read_torch_checkpoint(file, pth::kDefaultContainers);
+    // LongLive's trainer keeps the generator's LoRA beside the critic's; only the generator's is the model's.
+    static constexpr std::string_view kContainers[] = {"generator_lora", "state_dict", "model"};
+    WeightSource src = read_torch_checkpoint(file, kContainers);
     out.tensors = std::move(src.tensors);
     return out;
   }
@@ -115,6 +122,25 @@ PeftConfig peft_config(const LoraTensors& lora) {
 
 enum class Format { peft, original };
 
+// How a file spells its modules: the prefix before them and whether they are Wan's original names.
+struct Naming {
+  Format format = Format::peft;
+  std::string prefix;
+  bool original_names = false;
+};
+
+// diffusers/PEFT "transformer.", the original "diffusion_model.", or PEFT's own wrapping of Wan's original
+// network (LongLive) "base_model.model."; the first that any key uses decides.
+Naming naming_of(const LoraTensors& lora) {
+  auto any = [&](std::string_view prefix) {
+    return std::any_of(lora.tensors.begin(), lora.tensors.end(),
+                       [&](const auto& kv) { return starts_with(kv.first, prefix); });
+  };
+  if (any("diffusion_model.")) return {Format::original, "diffusion_model.", true};
+  if (any("base_model.model.")) return {Format::peft, "base_model.model.", true};
+  return {Format::peft, "transformer.", false};
+}
+
 // The file's tensors by diffusers module name. Keys diffusers drops (the norms' .diff/.diff_b, which trainers
 // write as zeros) are dropped here too.
 std::map<std::string, Delta> group(const LoraTensors& lora, Format& format) {
@@ -122,15 +148,16 @@ std::map<std::string, Delta> group(const LoraTensors& lora, Format& format) {
   auto fail = [&](const std::string& key, const std::string& what) -> ModelError {
     return ModelError(where + ": \"" + key + "\": " + what);
   };
-  bool original = false, any_lora = false;
+  bool any_lora = false;
   for (const auto& [k, t] : lora.tensors) {
-    original = original || starts_with(k, "diffusion_model.");
     any_lora = any_lora || k.find("lora") != std::string::npos;
     if (starts_with(k, "lora_unet_"))
       throw fail(k, "kohya/musubi-tuner LoRA naming is not read; diffusers/PEFT and the original Wan format are");
   }
-  format = original ? Format::original : Format::peft;
-  const std::string prefix = original ? "diffusion_model." : "transformer.";
+  const Naming naming = naming_of(lora);
+  format = naming.format;
+  const bool original = format == Format::original;
+  const std::string& prefix = naming.prefix;
   struct Suffix {
     std::string_view text;
     Part Delta::*part;
@@ -142,18 +169,23 @@ std::map<std::string, Delta> group(const LoraTensors& lora, Format& format) {
                                      {".alpha", &Delta::alpha},
                                      {".diff_b", &Delta::bias},
                                      {".diff", &Delta::diff}};
-  static const Suffix kPeft[] = {
-      {".lora_A.weight", &Delta::down}, {".lora_B.weight", &Delta::up}, {".lora_B.bias", &Delta::bias}};
+  // PEFT's model.state_dict() keeps the adapter's name ("default"); get_peft_model_state_dict drops it.
+  static const Suffix kPeft[] = {{".lora_A.weight", &Delta::down},       {".lora_B.weight", &Delta::up},
+                                 {".lora_B.bias", &Delta::bias},         {".lora_A.default.weight", &Delta::down},
+                                 {".lora_B.default.weight", &Delta::up}, {".lora_B.default.bias", &Delta::bias}};
   std::map<std::string, Delta> out;
   for (const auto& [key, t] : lora.tensors) {
     if (!starts_with(key, prefix)) {
       if (!any_lora && lora.tensors.size() > 0 && !original)
         throw ModelError(where + ": not a LoRA: no lora_A/lora_B or lora_down/lora_up tensors (first key \"" + key +
                          "\")");
-      throw fail(key, original
-                          ? "lacks the \"diffusion_model.\" prefix the file's other keys have (original Wan format)"
-                          : "is neither \"transformer.<module>.lora_A/lora_B\" (diffusers) nor "
-                            "\"diffusion_model.<module>.lora_down/lora_up\" (original Wan format)");
+      if (naming.prefix != "transformer.")
+        throw fail(key, "lacks the \"" + prefix + "\" prefix the file's other keys have (" +
+                            (original ? "original Wan format" : "PEFT over Wan's original names, as LongLive's") + ")");
+      throw fail(key,
+                 "is neither \"transformer.<module>.lora_A/lora_B\" (diffusers), "
+                 "\"base_model.model.<module>.lora_A/lora_B\" (PEFT over Wan's original names, as LongLive's) nor "
+                 "\"diffusion_model.<module>.lora_down/lora_up\" (original Wan format)");
     }
     if (key.find("dora_scale") != std::string::npos || key.find("lora_magnitude_vector") != std::string::npos)
       throw fail(key, "DoRA adapters are not supported");
@@ -169,10 +201,13 @@ std::map<std::string, Delta> group(const LoraTensors& lora, Format& format) {
                                                                                      "alpha, diff, diff_b)"
                                                                                    : ".weight, lora_B.bias)"));
     std::string module = name.substr(0, name.size() - suffix->text.size());
-    if (original) {
+    if (naming.original_names) {
       // diffusers drops them (lora_conversion_utils: "norm layer diff keys are just zeroed values").
-      if ((suffix->part == &Delta::diff || suffix->part == &Delta::bias) && module.find("norm") != std::string::npos)
+      if (original && (suffix->part == &Delta::diff || suffix->part == &Delta::bias) &&
+          module.find("norm") != std::string::npos)
         continue;
+      // PEFT over the trainers' wrapper rather than its network names the network "model.".
+      if (!original && starts_with(module, "model.")) module.erase(0, 6);
       Renamed r = original_to_diffusers(module);
       if (r.name.empty()) throw fail(key, r.problem);
       module = r.name;

@@ -1,6 +1,7 @@
 // LoRAs merged into a Wan transformer's weights at load, read as diffusers reads them: diffusers/PEFT files
 // (transformer.<module>.lora_A/lora_B) and the original Wan format of published Wan LoRAs
-// (diffusion_model.<module>.lora_down/lora_up, alpha, diff_b).
+// (diffusion_model.<module>.lora_down/lora_up, alpha, diff_b); and as LongLive reads its own: PEFT over Wan's
+// original names (base_model.model.<module>.lora_A/lora_B) in a torch.save file, under "generator_lora" or bare.
 #pragma once
 
 #include "latent/gen/denoiser.h"
