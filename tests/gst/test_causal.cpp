@@ -389,6 +389,48 @@ GST_START_TEST(test_endless_stream_memory_is_flat) {
 }
 GST_END_TEST;
 
+std::vector<torch::Tensor> pull(GstAppSink* sink, int n) {
+  std::vector<torch::Tensor> out;
+  for (int i = 0; i < n; ++i) {
+    GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND);
+    fail_unless(s != nullptr, "latent %d", i);
+    GstMapInfo m;
+    GstBuffer* b = gst_sample_get_buffer(s);
+    gst_buffer_map(b, &m, GST_MAP_READ);
+    out.push_back(torch::from_blob(m.data, {int64_t(m.size / sizeof(float))}, torch::kFloat).clone());
+    gst_buffer_unmap(b, &m);
+    gst_sample_unref(s);
+  }
+  return out;
+}
+
+// A flushing seek to the start (which interrupts a block in the middle) and a stop and restart replay an endless
+// causal stream from its seed, window, sink and all.
+GST_START_TEST(test_seek_and_restart_replay_the_stream) {
+  const std::string desc = "videogen name=gen model=" + (data() / "pipeline").string() +
+                           " transformer-weights=" + (data() / "causal-model.pt").string() +
+                           " prompt-embeds=" + embeds("a") +
+                           " schedule=causal seed=9 width=64 height=48 kv-window=6 sink-frames=3 ! "
+                           "appsink name=out sync=false max-buffers=2";
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  const std::vector<torch::Tensor> first = pull(sink, 12);
+  fail_unless(gst_element_seek_simple(pipeline, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH), 0));
+  const std::vector<torch::Tensor> after_seek = pull(sink, 12);
+  gst_element_set_state(pipeline, GST_STATE_READY);
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  const std::vector<torch::Tensor> after_restart = pull(sink, 12);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  for (size_t i = 0; i < first.size(); ++i) {
+    fail_unless(torch::equal(first[i], after_seek[i]), "latent %zu differs after the seek", i);
+    fail_unless(torch::equal(first[i], after_restart[i]), "latent %zu differs after the restart", i);
+  }
+}
+GST_END_TEST;
+
 GST_START_TEST(test_bad_settings_are_refused_by_name) {
   const std::string a = embeds("a");
   const auto said = [&](const std::string& props) { return error_of(causal_gen(9, "prompt-embeds=" + a + " " + props)); };
@@ -432,6 +474,7 @@ static Suite* causal_suite() {
   tcase_add_test(tc, test_live_sink_lateness_skips_time);
   tcase_add_test(tc, test_endless_stream_memory_is_flat);
   tcase_add_test(tc, test_bad_settings_are_refused_by_name);
+  tcase_add_test(tc, test_seek_and_restart_replay_the_stream);
   if (pipeline_fixtures().empty())
     latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv): "
                               "prompt-schedule with a text encoder not run");

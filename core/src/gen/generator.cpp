@@ -20,6 +20,16 @@ namespace {
 
 [[noreturn]] void bad_option(const std::string& what) { throw std::invalid_argument("generator: " + what); }
 
+// "" for a tensor of finite values, else how many NaN and infinite values it holds ("3 NaN and 1 infinite values").
+std::string non_finite_values(const torch::Tensor& t) {
+  const int64_t nan = torch::isnan(t).sum().item<int64_t>(), inf = torch::isinf(t).sum().item<int64_t>();
+  if (nan == 0 && inf == 0) return "";
+  std::string out;
+  if (nan > 0) out = std::to_string(nan) + " NaN";
+  if (inf > 0) out += (out.empty() ? "" : " and ") + std::to_string(inf) + " infinite";
+  return out + (nan + inf == 1 ? " value" : " values");
+}
+
 void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
   if (!std::isfinite(o.guidance) || o.guidance < 0.0) bad_option("guidance must be a finite number >= 0");
   if (spec.text_tokens == 0) {
@@ -35,19 +45,11 @@ void check_text(const DenoiserSpec& spec, const GeneratorOptions& o) {
   };
   const std::string shape = "[1, " + std::to_string(spec.text_tokens) + ", " + std::to_string(spec.text_dim) + "]";
   if (!fits(o.text)) bad_option("text must be prompt embeddings " + shape);
+  // One NaN in the embeddings reaches every latent through cross-attention.
+  if (const std::string bad = non_finite_values(o.text); !bad.empty()) bad_option("text holds " + bad);
   if (o.guidance > 1.0 && !fits(o.negative_text))
     bad_option("guidance " + std::to_string(o.guidance) + " needs negative_text " + shape +
                " (the embeddings of the negative or empty prompt)");
-}
-
-// "" for a tensor of finite values, else how many NaN and infinite values it holds ("3 NaN and 1 infinite values").
-std::string non_finite_values(const torch::Tensor& t) {
-  const int64_t nan = torch::isnan(t).sum().item<int64_t>(), inf = torch::isinf(t).sum().item<int64_t>();
-  if (nan == 0 && inf == 0) return "";
-  std::string out;
-  if (nan > 0) out = std::to_string(nan) + " NaN";
-  if (inf > 0) out += (out.empty() ? "" : " and ") + std::to_string(inf) + " infinite";
-  return out + (nan + inf == 1 ? " value" : " values");
 }
 
 std::string gib(size_t bytes) {

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -295,6 +296,9 @@ TEST(CausalSchedule, OptionsThatCannotWorkAreRefusedByName) {
   bad = o;
   bad.prompt_switches = {{6, torch::zeros({1, 512, 7})}};
   refused(bad, "frame 6");
+  bad = o;
+  bad.prompt_switches = {{6, torch::full({1, 512, 24}, NAN)}};
+  refused(bad, "NaN");
   Generator clip(model(), [] {
     GeneratorOptions c;
     c.frames = 2;
