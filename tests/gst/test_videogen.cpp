@@ -510,7 +510,7 @@ GST_START_TEST(test_enums_list_their_values) {
     const char* property;
     std::vector<const char*> nicks;
     const char* fallback;
-  } enums[] = {{"schedule", {"auto", "clip", "fifo", "rolling"}, "auto"},
+  } enums[] = {{"schedule", {"auto", "clip", "fifo", "rolling", "causal"}, "auto"},
                {"sampler", {"default", "euler", "unipc", "ddim", "dpm"}, "default"},
                {"format", {"F32", "F16", "BF16"}, "F32"}};
   for (const auto& en : enums) {
