@@ -7,10 +7,12 @@ namespace latent {
 namespace {
 
 // Recognisers run in this order, so a family whose names are a subset of another's comes after it.
-constexpr std::array<Family, 3> kFamilies{{
+constexpr std::array<Family, 4> kFamilies{{
     {"wan2.1", "AutoencoderKLWan", wan21_takes_config, recognise_wan, make_wan, wan_chunks},
     {"wan2.2", "AutoencoderKLWan", wan22_takes_config, recognise_wan22, make_wan22, wan_chunks},
     {"cogvideox", "AutoencoderKLCogVideoX", nullptr, recognise_cogvideox, make_cogvideox, cogvideox_chunks},
+    // No config file exists for these (the reference builds them from code), so the class never matches one.
+    {"taehv", "TAEHV", nullptr, recognise_taehv, make_taehv, taehv_chunks},
 }};
 
 std::string supported(const char* Family::*field) {

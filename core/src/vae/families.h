@@ -56,4 +56,10 @@ std::shared_ptr<Vae> make_cogvideox(const WeightSource& src, const LoadOptions& 
 bool recognise_cogvideox(WeightSource& src);
 ChunkRules cogvideox_chunks(int64_t temporal_factor);
 
+// vae/taehv.cpp: the TAEHV tiny autoencoders (taew2_1, taew2_2, taew2_2_super), in the latent space of the VAE
+// each imitates
+std::shared_ptr<Vae> make_taehv(const WeightSource& src, const LoadOptions& opt);
+bool recognise_taehv(WeightSource& src);
+ChunkRules taehv_chunks(int64_t temporal_factor);
+
 }  // namespace latent

@@ -276,8 +276,9 @@ EncodedLatents StreamingEncoder::finish() {
     const ChunkRule& r = vae_->spec().encode_chunks;
     const int64_t tf = vae_->spec().temporal_factor;
     Tensor rest = take_pending(pending_count_);
-    if (frames_coded_ == 0) {
-      // A clip shorter than the first chunk is coded as one chunk of 1 + k*tf frames, as the reference does.
+    if (frames_coded_ == 0 && r.first != r.step) {
+      // A clip shorter than the first chunk is coded as one chunk of 1 + k*tf frames, as the reference does. (A
+      // family whose first chunk is an ordinary step, TAEHV, pads to whole steps below instead.)
       const int64_t n = rest.size(2), target = 1 + (n - 1 + tf - 1) / tf * tf;
       append(out, encode(repeat_last_frame(rest, target), target));
     } else {

@@ -44,7 +44,7 @@ TEST(Families, RowsAreCompleteAndDistinct) {
   // A class shared by several rows needs every one of them to say which configs are its own.
   for (const Family& f : families())
     if (rows_of_class[f.config_class] > 1) EXPECT_NE(f.takes_config, nullptr) << f.name;
-  EXPECT_EQ(names, (std::set<std::string>{"wan2.1", "wan2.2", "cogvideox"}));
+  EXPECT_EQ(names, (std::set<std::string>{"wan2.1", "wan2.2", "cogvideox", "taehv"}));
 }
 
 TEST(Families, ConfigClassDecides) {
@@ -58,7 +58,8 @@ TEST(Families, ConfigClassDecides) {
   src.config = ModelConfig{"AutoencoderKLMochi", "{}"};
   const std::string msg = refusal(src);
   EXPECT_NE(
-      msg.find("'AutoencoderKLMochi' is not a supported VAE (supported: AutoencoderKLWan, AutoencoderKLCogVideoX)"),
+      msg.find(
+          "'AutoencoderKLMochi' is not a supported VAE (supported: AutoencoderKLWan, AutoencoderKLCogVideoX, TAEHV)"),
       std::string::npos)
       << msg;
 }
@@ -71,8 +72,9 @@ TEST(Families, MetadataFamilyDecidesWithoutAConfig) {
   }
   WeightSource src;
   src.metadata["family"] = "ltx";
-  EXPECT_NE(refusal(src).find("unknown model family 'ltx' in __metadata__ (supported: wan2.1, wan2.2, cogvideox)"),
-            std::string::npos);
+  EXPECT_NE(
+      refusal(src).find("unknown model family 'ltx' in __metadata__ (supported: wan2.1, wan2.2, cogvideox, taehv)"),
+      std::string::npos);
 }
 
 TEST(Families, TensorNamesDecideLast) {
@@ -100,6 +102,11 @@ TEST(Families, TensorNamesDecideLast) {
         "encoder.down_blocks.0.downsampler.resample.1.weight", "decoder.up_blocks.1.resnets.0.conv_shortcut.weight",
         "decoder.up_blocks.0.upsampler.time_conv.bias", "decoder.conv_out.bias"})
     EXPECT_TRUE(original22.tensors.count(name)) << name;
+  // TAEHV's Sequential indices, whole or one half of it.
+  WeightSource taehv = with_tensors({"encoder.0.weight", "encoder.17.weight", "decoder.1.weight"});
+  EXPECT_STREQ(detect_family(taehv).name, "taehv");
+  WeightSource taehv_decoder = with_tensors({"decoder.0.weight", "decoder.22.weight"});
+  EXPECT_STREQ(detect_family(taehv_decoder).name, "taehv");
   const std::string msg = refusal(with_tensors({"unet.conv_in.weight"}));
   EXPECT_NE(msg.find("/models/test.safetensors: cannot recognise the model family"), std::string::npos) << msg;
   EXPECT_NE(msg.find("unet.conv_in.weight"), std::string::npos) << msg;
@@ -119,4 +126,11 @@ TEST(Families, ChunkRules) {
   EXPECT_EQ(cog.decode.first, 3);
   EXPECT_EQ(cog.decode.step, 2);
   EXPECT_FALSE(cog.decode.batchable);
+  // No lone first frame: every chunk, the first too, is whole groups of 4.
+  const ChunkRules taehv = taehv_chunks(4);
+  EXPECT_EQ(taehv.encode.first, 4);
+  EXPECT_EQ(taehv.encode.step, 4);
+  EXPECT_TRUE(taehv.encode.batchable);
+  EXPECT_EQ(taehv.decode.first, 1);
+  EXPECT_EQ(taehv.decode.step, 1);
 }
