@@ -245,6 +245,33 @@ TEST(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
   EXPECT_TRUE(torch::equal(torch::cat(frames, 2), want));
 }
 
+// A live switch taken by a block that is then interrupted is not lost: the retried block takes it.
+TEST(CausalSchedule, ASwitchTakenByAnInterruptedBlockIsKept) {
+  const Case c{"switch12_window9_sink3", 15, 9, 3};
+  Generator g(model(), options(c));
+  std::vector<torch::Tensor> frames;
+  for (int b = 0; b < 4; ++b)
+    for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
+  g.switch_prompt(tensor("prompt.B"), "B");
+  const int64_t calls = g.model_calls();
+  std::atomic<bool> stop{false};
+  std::thread watcher([&] {
+    while (!stop && g.model_calls() < calls + 2) std::this_thread::yield();
+    g.interrupt();
+  });
+  EXPECT_THROW(g.next(), Interrupted);
+  stop = true;
+  watcher.join();
+  g.clear_interrupt();
+  std::string label;
+  for (const GeneratedFrame& f : g.next()) {
+    frames.push_back(f.latent);
+    if (f.prompt_switch) label = f.prompt_label;
+  }
+  EXPECT_EQ(label, "B");
+  EXPECT_LE(rel_error(torch::cat(frames, 2), channels_first(tensor("switch12_window9_sink3.latents"))), kRelTolerance);
+}
+
 // Past the model's RoPE table (rope_max_seq_len frames) a stream goes on with positions made by the same formula:
 // a folder whose table is 8 frames gives the frames of one whose table is 1,024 bit for bit.
 TEST(CausalSchedule, PositionsPastTheRopeTableFollowTheSameFormula) {

@@ -100,9 +100,15 @@ class Causal final : public CausalSchedule {
     const torch::Tensor text = text_;
     const size_t next_switch = next_switch_;
     const int64_t prompt_index = prompt_index_;
+    taken_.reset();
     try {
       return block(d);
     } catch (...) {
+      // A switch_prompt() the failed block took waits for the next one, unless a newer one came meanwhile.
+      if (taken_) {
+        std::lock_guard<std::mutex> lock(pending_mutex_);
+        if (!pending_) pending_ = std::move(taken_);
+      }
       cache_ = cache;
       history_ = history;
       initial_.set_state(initial_state);
@@ -148,9 +154,10 @@ class Causal final : public CausalSchedule {
     if (next_switch_ < switches_.size() && switches_[next_switch_].frame <= start_) due = switches_[next_switch_++];
     std::lock_guard<std::mutex> lock(pending_mutex_);
     if (pending_) {
-      due = std::move(*pending_);
-      due->text = due->text.to(d.model().device(), d.model().dtype());
+      taken_ = std::move(pending_);
       pending_.reset();
+      due = *taken_;
+      due->text = due->text.to(d.model().device(), d.model().dtype());
     }
     return due;
   }
@@ -231,6 +238,7 @@ class Causal final : public CausalSchedule {
   torch::Tensor text_;
   std::mutex pending_mutex_;
   std::optional<PromptSwitch> pending_;
+  std::optional<PromptSwitch> taken_;  // the switch_prompt() the block in progress took
   KvCache cache_;
   std::deque<torch::Tensor> history_;  // the last kv_window clean frames, for a re-cache
   int64_t start_ = 0;                  // the next block's first frame
