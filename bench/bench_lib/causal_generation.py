@@ -19,6 +19,7 @@ no /tmp/refs/Self-Forcing) gst-latent is measured alone and the report says why.
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -143,12 +144,29 @@ def ensure_folder(cache, name):
     return files
 
 
+def private_driver(binary, cache):
+    """A copy of the in-tree latent-gen-bench with its core library beside it (its rpath finds ../core), so that a
+    rebuild of the tree during the minutes of a run neither replaces the code under a measurement nor pairs the
+    driver with a library whose structs have changed."""
+    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(binary))), "core", "liblatentcore.so.0")
+    if not os.path.exists(lib):
+        return binary
+    root = os.path.join(cache, "causal-driver")
+    for sub in ("bench", "core"):
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    copy = os.path.join(root, "bench", os.path.basename(binary))
+    shutil.copy2(binary, copy)
+    shutil.copy2(os.path.realpath(lib), os.path.join(root, "core", "liblatentcore.so.0"))
+    return copy
+
+
 def reference_dir(args):
     """The reference's local copy and, without one, why."""
     if args.reference_dir:
         d = args.reference_dir
         if not os.path.exists(os.path.join(d, "pipeline", "causal_inference.py")):
-            return None, f"--reference-dir {d} has no pipeline/causal_inference.py (not a Self-Forcing or LongLive copy)"
+            return None, (f"--reference-dir {d} has no pipeline/causal_inference.py (not a Self-Forcing or LongLive "
+                          f"copy)")
         return d, None
     if os.path.exists(os.path.join(DEFAULT_REFERENCE, "pipeline", "causal_inference.py")):
         return DEFAULT_REFERENCE, None
@@ -169,8 +187,8 @@ def describe(r):
     s = steady(r)
     return (f"first block {r['first_latent_seconds']:.3g} s, steady {s:.3g} latents/s, blocks "
             + " ".join(f"{x:.3g}" for x in r["next_seconds"])
-            + f" s, {r['model_calls']} calls, peak RSS {max(r['rss_peak_bytes'], r['rss_peak_loading_bytes']) / MIB:.0f}"
-            f" MiB, CPU share {r['cpu_share']:.2f}")
+            + f" s, {r['model_calls']} calls, peak RSS "
+            f"{max(r['rss_peak_bytes'], r['rss_peak_loading_bytes']) / MIB:.0f} MiB, CPU share {r['cpu_share']:.2f}")
 
 
 def summarise(ours, theirs):
@@ -217,6 +235,8 @@ def run(args, binary, out_dir):
     wait = (args.wait_idle, args.wait_max or 120)
     retries = 1 if args.retries < 0 else args.retries
     files = ensure_folder(args.cache, name)
+    if not args.latent_gen_bench:
+        binary = private_driver(binary, args.cache)
     ref, why_not = reference_dir(args)
     scratch = os.path.join(args.cache, f"causal-latents-{name}")
     os.makedirs(scratch, exist_ok=True)
@@ -318,12 +338,14 @@ def markdown(results):
               f"{f(s['steady_latents_per_second_ratio'], '.2f')} |",
               f"| CPU seconds a block | {f(s['ours_cpu_per_block'], '.3g')} | {f(s['theirs_cpu_per_block'], '.3g')} | "
               f"{f(s['cpu_per_block_ratio'], '.2f')} |",
-              f"| process peak RSS | {f(mib('ours_rss_peak'), '.0f', ' MiB')} | {f(mib('theirs_rss_peak'), '.0f', ' MiB')} | "
+              f"| process peak RSS | {f(mib('ours_rss_peak'), '.0f', ' MiB')} | "
+              f"{f(mib('theirs_rss_peak'), '.0f', ' MiB')} | "
               f"{f(s['rss_peak_ratio'], '.2f')} |",
               f"| above the loaded model | {f(mib('ours_above_baseline'), '.1f', ' MiB')} | "
               f"{f(mib('theirs_above_baseline'), '.1f', ' MiB')} | {f(s['above_baseline_ratio'], '.2f')} |",
               f"| model calls | {f(s['ours_model_calls'], '.0f')} | {f(s['theirs_model_calls'], '.0f')} | |",
-              f"| CPU share, runs in the medians | {f(s['ours_cpu_share'], '.2f')}, {s['ours_runs_ok']}/{st['repeat']} | "
+              f"| CPU share, runs in the medians | {f(s['ours_cpu_share'], '.2f')}, "
+              f"{s['ours_runs_ok']}/{st['repeat']} | "
               f"{f(s['theirs_cpu_share'], '.2f')}, {s['theirs_runs_ok']}/{st['repeat']} | |",
               "",
               f"Latents, max abs difference / the reference's max abs: {f(s.get('latents_max_rel_diff'), '.1e')}"
