@@ -305,6 +305,40 @@ GST_START_TEST(test_decoder_refuses_another_models_latents) {
 }
 GST_END_TEST;
 
+// TAEHV's taew2_1 codes Wan 2.1's latent space: its latents say model=wan2.1 with 16 channels, a Wan 2.1 VAE of
+// other widths is refused by its channels, and a clip comes back with the reference's frame count (4k + 1 whole).
+static std::string taehv_file(const char* name) {
+  const char* dir = g_getenv("LATENT_TAEHV_FIXTURES");
+  return dir ? std::string(dir) + "/" + name : std::string();
+}
+
+static bool have_taehv_fixtures() {
+  const std::string stamp = taehv_file("stamp");
+  return !stamp.empty() && g_file_test(stamp.c_str(), G_FILE_TEST_EXISTS);
+}
+
+GST_START_TEST(test_taehv_codes_wan21_latents) {
+  const std::string taew = taehv_file("taew2_1.pth");
+  Out latents;
+  run(src(9, 32, 32) + "vaeencode model=" + taew + " ! appsink name=out", latents);
+  fail_unless(latents.error.empty(), "%s", latents.error.c_str());
+  GstStructure* s = gst_caps_get_structure(latents.caps, 0);
+  fail_unless_equals_string(gst_structure_get_string(s, "model"), "wan2.1");
+  fail_unless_equals_int(caps_int(latents.caps, "channels"), 16);
+  fail_unless_equals_int(caps_int(latents.caps, "width"), 4);
+  Out frames;
+  run(src(9, 32, 32) + "vaeencode model=" + taew + " ! vaedecode model=" + taew + " ! appsink name=out", frames);
+  fail_unless(frames.error.empty(), "%s", frames.error.c_str());
+  fail_unless_equals_int(frames.buffers.size(), 9);
+  fail_unless_equals_int(caps_int(frames.caps, "width"), 32);
+  Out refused;  // the test Wan 2.1 VAE has 8 latent channels
+  run(src(5, 32, 32) + "vaeencode model=" + taew + " ! vaedecode model=" + fixtures() + "/wan ! appsink name=out",
+      refused);
+  fail_unless(refused.error.find("Latents of model 'wan2.1' (16 channels") != std::string::npos, "got '%s'",
+              refused.error.c_str());
+}
+GST_END_TEST;
+
 // CogVideoX tiling through the elements (its parity with diffusers' enable_tiling is CogVideoXTiling.* in the core
 // tests): 2x2 tiles of 48 pixels with strides of 40 encode and decode a clip frame for frame; an overlap whose
 // kept parts would not add up to the frame (diffusers would make a frame of another size) and a Wan model, which has
@@ -684,6 +718,11 @@ static Suite* vae_suite() {
   tcase_add_test(tc, test_latency_is_reported_for_live_sources);
   tcase_add_test(tc, test_errors_reach_the_bus);
   tcase_add_test(tc, test_decoder_refuses_another_models_latents);
+  if (have_taehv_fixtures()) {
+    tcase_add_test(tc, test_taehv_codes_wan21_latents);
+  } else {
+    latent_test::skip_missing("no TAEHV fixtures (LATENT_TAEHV_FIXTURES unset: a build without the .venv)");
+  }
   tcase_add_test(tc, test_cogvideox_tiles_and_wan_refuses_them);
   tcase_add_test(tc, test_wan_bands_equal_whole_frames);
   tcase_add_test(tc, test_round_trip_through_files_equals_direct);
