@@ -66,8 +66,26 @@ Tensor past_of(const Tensor& x5, const Tensor& last) {
   return torch::cat({first, x5.slice(1, 0, x5.size(1) - 1)}, 1);
 }
 
-Clip run(const std::vector<Layer>& layers, TaehvState& state, Clip c) {
-  for (size_t i = 0; i < layers.size(); ++i) {
+Clip run(const std::vector<Layer>& layers, TaehvState& state, Clip c, size_t first = 0);
+
+// Frame by frame through layers[first...], outputs joined in time: the reference's depth-first order, so a chunk
+// holds one frame's activations at each resolution, not all of its frames' (4 per latent at full size).
+Clip run_each_frame(const std::vector<Layer>& layers, TaehvState& state, const Clip& c, size_t first) {
+  const int64_t t = c.frames();
+  if (t <= 1 || first == layers.size()) return t == 0 ? c : run(layers, state, c, first);
+  Tensor x5 = c.x.reshape({c.batch, t, c.x.size(1), c.x.size(2), c.x.size(3)});
+  std::vector<Tensor> outs;
+  for (int64_t j = 0; j < t; ++j) {
+    Clip y = run(layers, state, {x5.select(1, j), c.batch}, first);
+    if (y.frames() > 0) outs.push_back(y.x.reshape({c.batch, y.frames(), y.x.size(1), y.x.size(2), y.x.size(3)}));
+  }
+  if (outs.empty()) return {c.x.slice(0, 0, 0), c.batch};  // frames still waiting in a TPool
+  Tensor all = torch::cat(outs, 1);
+  return {all.reshape({all.size(0) * all.size(1), all.size(2), all.size(3), all.size(4)}), c.batch};
+}
+
+Clip run(const std::vector<Layer>& layers, TaehvState& state, Clip c, size_t first) {
+  for (size_t i = first; i < layers.size(); ++i) {
     const Layer& l = layers[i];
     const int64_t t = c.frames();
     if (t == 0) return c;
@@ -80,7 +98,7 @@ Clip run(const std::vector<Layer>& layers, TaehvState& state, Clip c) {
       case Kind::pixel_shuffle: c.x = torch::pixel_shuffle(c.x, 2); break;
       case Kind::mem:
       case Kind::super_mem: {
-        Tensor x5 = c.x.view({c.batch, t, ch, h, w});
+        Tensor x5 = c.x.reshape({c.batch, t, ch, h, w});
         Tensor past = past_of(x5, state.memory[i]).reshape({c.batch * t, ch, h, w});
         state.memory[i] = x5.select(1, t - 1).clone();
         Tensor both = torch::cat({c.x, past}, 1);
@@ -93,7 +111,7 @@ Clip run(const std::vector<Layer>& layers, TaehvState& state, Clip c) {
         break;
       }
       case Kind::tpool: {
-        Tensor x5 = c.x.view({c.batch, t, ch, h, w});
+        Tensor x5 = c.x.reshape({c.batch, t, ch, h, w});
         Tensor all = state.memory[i].defined() ? torch::cat({state.memory[i], x5}, 1) : x5;
         const int64_t n = all.size(1) / l.stride * l.stride;
         state.memory[i] = n < all.size(1) ? all.slice(1, n).clone() : Tensor();
@@ -104,6 +122,7 @@ Clip run(const std::vector<Layer>& layers, TaehvState& state, Clip c) {
       case Kind::tgrow: {
         // Output channel block k is the k-th new frame.
         c.x = l.convs[0](c.x).reshape({c.batch * t * l.stride, ch, h, w});
+        if (l.stride > 1) return run_each_frame(layers, state, c, i + 1);
         break;
       }
     }
@@ -254,8 +273,12 @@ class Taehv : public Vae {
     const int64_t b = x.size(0), t = x.size(2);
     Tensor f = (x * 0.5 + 0.5).permute({0, 2, 1, 3, 4}).reshape({b * t, 3, x.size(3), x.size(4)});
     if (arch_.patch > 1) f = torch::pixel_unshuffle(f, arch_.patch);
-    Clip z = run(encoder_, static_cast<TaehvState&>(state), {f, b});
-    Tensor mean = z.x.view({b, z.frames(), z.x.size(1), z.x.size(2), z.x.size(3)}).permute({0, 2, 1, 3, 4});
+    Clip z = run_each_frame(encoder_, static_cast<TaehvState&>(state), {f, b}, 0);
+    if (z.frames() == 0) {  // a chunk short of a whole group (the chunk rules give none)
+      const int64_t sf = spec_.spatial_factor;
+      return torch::zeros({b, 2 * spec_.latent_channels, 0, x.size(3) / sf, x.size(4) / sf}, x.options());
+    }
+    Tensor mean = z.x.reshape({b, z.frames(), z.x.size(1), z.x.size(2), z.x.size(3)}).permute({0, 2, 1, 3, 4});
     // The encoder is deterministic: a posterior without spread (exp(-15) as a standard deviation).
     return torch::cat({mean, torch::full_like(mean, -30.0)}, 1);
   }
@@ -266,10 +289,10 @@ class Taehv : public Vae {
     auto& s = static_cast<TaehvState&>(state);
     const int64_t b = z.size(0), t = z.size(2);
     Tensor l = z.permute({0, 2, 1, 3, 4}).reshape({b * t, z.size(1), z.size(3), z.size(4)});
-    Clip y = run(decoder_, s, {l, b});
+    Clip y = run_each_frame(decoder_, s, {l, b}, 0);
     Tensor f = arch_.patch > 1 ? torch::pixel_shuffle(y.x, arch_.patch) : y.x;
     const int64_t raw = y.frames();
-    f = f.clamp(0, 1).view({b, raw, 3, f.size(2), f.size(3)});
+    f = f.clamp(0, 1).reshape({b, raw, 3, f.size(2), f.size(3)});
     // The reference drops its first t_upscale - 1 frames, which align with no source frame.
     const int64_t skip = std::clamp<int64_t>(trim_ - s.raw_frames, 0, raw);
     s.raw_frames += raw;
