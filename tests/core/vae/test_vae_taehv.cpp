@@ -1,5 +1,6 @@
 // TAEHV (core/src/vae/taehv.cpp) against the published taehv.py, run sequentially on random float16 weights with
-// the published key names (tests/fixtures/gen_taehv_fixtures.py, generated at build time).
+// the published key names: weights and inputs regenerated at build time and checked, the reference's outputs
+// committed in tests/fixtures/data/taehv/ (tests/fixtures/gen_taehv_fixtures.py).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
