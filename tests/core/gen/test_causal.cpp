@@ -22,7 +22,21 @@
 #include "latent/gen/generator.h"
 #include "latent/io/weights.h"
 
-using namespace latent;
+// Not the whole namespace: latent::CausalSchedule (the schedule) would clash with this suite's fixture.
+using latent::causal_sigmas;
+using latent::causal_timesteps;
+using latent::CausalOptions;
+using latent::Denoiser;
+using latent::DenoiserFiles;
+using latent::GeneratedFrame;
+using latent::Generator;
+using latent::GeneratorOptions;
+using latent::Interrupted;
+using latent::KvCache;
+using latent::load_denoiser;
+using latent::read_weights;
+using latent::ScheduleKind;
+using latent::WeightSource;
 namespace fs = std::filesystem;
 
 namespace {
@@ -104,7 +118,22 @@ void expect_case(const Case& c) {
 
 }  // namespace
 
-TEST(CausalSchedule, TimestepsAreTheReferencesFloat32Values) {
+// One intra-op thread: the model is tiny, so a call is a few microseconds of arithmetic between thread pool
+// barriers, and beside another test process a barrier waits for a core (a test of 0.1 s took 16 s so). The
+// results do not depend on it.
+class CausalSchedule : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    threads_ = at::get_num_threads();
+    at::set_num_threads(1);
+  }
+  void TearDown() override { at::set_num_threads(threads_); }
+
+ private:
+  int threads_ = 1;
+};
+
+TEST_F(CausalSchedule, TimestepsAreTheReferencesFloat32Values) {
   const CausalOptions o;
   const std::vector<double> t = causal_timesteps(o), s = causal_sigmas(o);
   const std::vector<double> want_t{1000.0, 937.5, 833.3333129882812, 625.0},
@@ -118,7 +147,7 @@ TEST(CausalSchedule, TimestepsAreTheReferencesFloat32Values) {
 
 // CausVid's 3-step model takes its steps unwarped at shift 8: the model sees 757 itself, and the sigma is the grid's
 // nearest to it, sigma(757) on the shift-8 grid being 0.9613 (a warped step 757 would be timestep 961.3).
-TEST(CausalSchedule, UnwarpedStepsAreTimestepsWithTheNearestGridSigma) {
+TEST_F(CausalSchedule, UnwarpedStepsAreTimestepsWithTheNearestGridSigma) {
   CausalOptions o;
   o.denoising_steps = {1000, 757, 522};
   o.shift = 8.0;
@@ -136,34 +165,34 @@ TEST(CausalSchedule, UnwarpedStepsAreTimestepsWithTheNearestGridSigma) {
   EXPECT_NE(causal_timesteps(o)[1], 757.0);
 }
 
-TEST(CausalSchedule, GlobalCacheEqualsSelfForcing) { expect_case({"self_forcing", 9, 0, 0}); }
-TEST(CausalSchedule, WindowEvictingAWholeBlockWithASinkEqualsLongLive) { expect_case({"window6_sink3", 9, 6, 3}); }
-TEST(CausalSchedule, WindowEvictingPartOfABlockEqualsLongLive) { expect_case({"window5_sink1", 9, 5, 1}); }
-TEST(CausalSchedule, LongerRunThroughAWindowEqualsLongLive) { expect_case({"window9_sink3_15f", 15, 9, 3}); }
+TEST_F(CausalSchedule, GlobalCacheEqualsSelfForcing) { expect_case({"self_forcing", 9, 0, 0}); }
+TEST_F(CausalSchedule, WindowEvictingAWholeBlockWithASinkEqualsLongLive) { expect_case({"window6_sink3", 9, 6, 3}); }
+TEST_F(CausalSchedule, WindowEvictingPartOfABlockEqualsLongLive) { expect_case({"window5_sink1", 9, 5, 1}); }
+TEST_F(CausalSchedule, LongerRunThroughAWindowEqualsLongLive) { expect_case({"window9_sink3_15f", 15, 9, 3}); }
 
-TEST(CausalSchedule, PromptSwitchWithinTheWindowReencodesTheSink) {
+TEST_F(CausalSchedule, PromptSwitchWithinTheWindowReencodesTheSink) {
   expect_case({"switch3_window6_sink3", 9, 6, 3, 3, true});
   expect_case({"switch3_window6_sink3_gs0", 9, 6, 3, 3, false});
 }
 
-TEST(CausalSchedule, PromptSwitchPastTheWindowKeepsOrRemakesTheSink) {
+TEST_F(CausalSchedule, PromptSwitchPastTheWindowKeepsOrRemakesTheSink) {
   expect_case({"switch12_window9_sink3", 15, 9, 3, 12, true});
   expect_case({"switch12_window9_sink3_gs0", 15, 9, 3, 12, false});
 }
 
-TEST(CausalSchedule, FramesBeforeASwitchAreBitIdenticalToTheRunWithout) {
+TEST_F(CausalSchedule, FramesBeforeASwitchAreBitIdenticalToTheRunWithout) {
   const torch::Tensor plain = run(model(), options({"", 15, 9, 3}));
   const torch::Tensor switched = run(model(), options({"", 15, 9, 3, 12, true}));
   EXPECT_TRUE(torch::equal(plain.narrow(2, 0, 12), switched.narrow(2, 0, 12)));
   EXPECT_FALSE(torch::equal(plain.narrow(2, 12, 3), switched.narrow(2, 12, 3)));
 }
 
-TEST(CausalSchedule, SafetensorsWeightsEqualTheTorchCheckpoint) {
+TEST_F(CausalSchedule, SafetensorsWeightsEqualTheTorchCheckpoint) {
   const Case c{"window6_sink3", 9, 6, 3};
   EXPECT_TRUE(torch::equal(run(model(data() / "causal-model.safetensors"), options(c)), run(model(), options(c))));
 }
 
-TEST(CausalSchedule, SwitchPromptWhilePlayingEqualsTheScriptedSwitch) {
+TEST_F(CausalSchedule, SwitchPromptWhilePlayingEqualsTheScriptedSwitch) {
   const Case c{"switch12_window9_sink3", 15, 9, 3};
   Generator g(model(), options(c));
   std::vector<torch::Tensor> frames;
@@ -180,7 +209,7 @@ TEST(CausalSchedule, SwitchPromptWhilePlayingEqualsTheScriptedSwitch) {
   EXPECT_THROW(g.switch_prompt(torch::zeros({1, 7, 24})), std::invalid_argument);
 }
 
-TEST(CausalSchedule, ASwitchInsideABlockTakesEffectAtTheNextBlock) {
+TEST_F(CausalSchedule, ASwitchInsideABlockTakesEffectAtTheNextBlock) {
   GeneratorOptions o = options({"", 15, 9, 3, 10, true});
   Generator g(model(), o);
   std::vector<torch::Tensor> frames;
@@ -194,7 +223,7 @@ TEST(CausalSchedule, ASwitchInsideABlockTakesEffectAtTheNextBlock) {
   EXPECT_LE(rel_error(torch::cat(frames, 2), channels_first(tensor("switch12_window9_sink3.latents"))), kRelTolerance);
 }
 
-TEST(CausalSchedule, InitialNoiseOfTheSeedGivesTheSeedsRun) {
+TEST_F(CausalSchedule, InitialNoiseOfTheSeedGivesTheSeedsRun) {
   GeneratorOptions o = options({"", 9, 6, 3});
   const torch::Tensor seeded = run(model(), o);
   o.initial_noise = channels_first(tensor("window6_sink3.noise"));
@@ -203,14 +232,14 @@ TEST(CausalSchedule, InitialNoiseOfTheSeedGivesTheSeedsRun) {
   EXPECT_THROW(Generator(model(), o), std::invalid_argument);
 }
 
-TEST(CausalSchedule, FramesNotAMultipleOfTheBlockAreHonouredExactly) {
+TEST_F(CausalSchedule, FramesNotAMultipleOfTheBlockAreHonouredExactly) {
   GeneratorOptions o = options({"", 8, 6, 3});
   const torch::Tensor got = run(model(), o);
   ASSERT_EQ(got.size(2), 8);
   EXPECT_LE(rel_error(got, channels_first(tensor("window6_sink3.latents")).narrow(2, 0, 8)), kRelTolerance);
 }
 
-TEST(CausalSchedule, MemoryStaysFlatOverAnEndlessRun) {
+TEST_F(CausalSchedule, MemoryStaysFlatOverAnEndlessRun) {
   GeneratorOptions o = options({"", 0, 6, 3});
   Generator g(model(), o);
   std::vector<size_t> bytes;
@@ -223,7 +252,7 @@ TEST(CausalSchedule, MemoryStaysFlatOverAnEndlessRun) {
   for (size_t i = 2; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], bytes[1]) << "block " << i;
 }
 
-TEST(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
+TEST_F(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
   const GeneratorOptions o = options({"", 9, 6, 3});
   const torch::Tensor want = run(model(), o);
   Generator g(model(), o);
@@ -246,7 +275,7 @@ TEST(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
 }
 
 // A live switch taken by a block that is then interrupted is not lost: the retried block takes it.
-TEST(CausalSchedule, ASwitchTakenByAnInterruptedBlockIsKept) {
+TEST_F(CausalSchedule, ASwitchTakenByAnInterruptedBlockIsKept) {
   const Case c{"switch12_window9_sink3", 15, 9, 3};
   Generator g(model(), options(c));
   std::vector<torch::Tensor> frames;
@@ -274,7 +303,7 @@ TEST(CausalSchedule, ASwitchTakenByAnInterruptedBlockIsKept) {
 
 // Past the model's RoPE table (rope_max_seq_len frames) a stream goes on with positions made by the same formula:
 // a folder whose table is 8 frames gives the frames of one whose table is 1,024 bit for bit.
-TEST(CausalSchedule, PositionsPastTheRopeTableFollowTheSameFormula) {
+TEST_F(CausalSchedule, PositionsPastTheRopeTableFollowTheSameFormula) {
   const fs::path dir = fs::temp_directory_path() / ("causal-rope-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::copy(data() / "pipeline", dir, fs::copy_options::recursive);
@@ -291,7 +320,7 @@ TEST(CausalSchedule, PositionsPastTheRopeTableFollowTheSameFormula) {
   EXPECT_TRUE(torch::equal(short_table, run(model(), o)));
 }
 
-TEST(CausalSchedule, OptionsThatCannotWorkAreRefusedByName) {
+TEST_F(CausalSchedule, OptionsThatCannotWorkAreRefusedByName) {
   const auto refused = [&](GeneratorOptions o, const std::string& word) {
     try {
       Generator g(model(), o);
@@ -363,7 +392,7 @@ TEST(KvCache, EvictionKeepsTheSinkAndTheNewestFrames) {
 
 // One latent frame per block (the references' num_frame_per_block = 1, as StreamDiffusionV2 runs): one frame per
 // call, steps - 1 re-noise draws of [1, 16, h, w] per block, and a window that evicts a single frame at a time.
-TEST(CausalSchedule, OneFramePerBlockEqualsTheReferences) {
+TEST_F(CausalSchedule, OneFramePerBlockEqualsTheReferences) {
   for (const Case& c : {Case{"chunk1_self_forcing", 6, 0, 0}, Case{"chunk1_window4_sink1", 7, 4, 1}}) {
     SCOPED_TRACE(c.name);
     GeneratorOptions o = options(c);
