@@ -10,11 +10,9 @@
 #include <torch/torch.h>
 
 #include <unistd.h>
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "gen/models/causal_model.h"
 #include "gen/sampling/schedule.h"
@@ -23,8 +21,10 @@
 #include "latent/io/weights.h"
 
 // Not the whole namespace: latent::CausalSchedule (the schedule) would clash with this suite's fixture.
+using latent::causal_model;
 using latent::causal_sigmas;
 using latent::causal_timesteps;
+using latent::CausalModel;
 using latent::CausalOptions;
 using latent::Denoiser;
 using latent::DenoiserFiles;
@@ -34,6 +34,7 @@ using latent::GeneratorOptions;
 using latent::Interrupted;
 using latent::KvCache;
 using latent::load_denoiser;
+using latent::LoadOptions;
 using latent::read_weights;
 using latent::ScheduleKind;
 using latent::WeightSource;
@@ -252,28 +253,55 @@ TEST_F(CausalSchedule, MemoryStaysFlatOverAnEndlessRun) {
   for (size_t i = 2; i < bytes.size(); ++i) EXPECT_EQ(bytes[i], bytes[1]) << "block " << i;
 }
 
-// Runs g.next() and interrupts it from another thread after its second model call (so the block has changed
-// its cache); the generator is ready for the retry afterwards.
-void interrupt_second_call(Generator& g) {
-  const int64_t calls = g.model_calls();
-  std::atomic<bool> stop{false};
-  std::thread watcher([&] {
-    while (!stop && g.model_calls() < calls + 2) std::this_thread::yield();
-    g.interrupt();
-  });
+// Forwards to a causal model and, once armed, interrupts the generator from inside the model call it counts to:
+// the generator sees the interrupt before its next call whatever the threads' timing (a watcher thread polling
+// model_calls() could wake after the block had ended on a busy machine).
+class InterruptingModel : public Denoiser, public CausalModel {
+ public:
+  explicit InterruptingModel(std::shared_ptr<const Denoiser> inner)
+      : Denoiser(inner->spec(), LoadOptions{inner->device(), inner->dtype()}),
+        inner_(std::move(inner)),
+        causal_(*causal_model(*inner_)) {}
+  int64_t layers() const override { return causal_.layers(); }
+  torch::Tensor predict_cached(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                               KvCache& cache, int64_t first_frame, int64_t keep) const override {
+    torch::Tensor out = causal_.predict_cached(x, timesteps, text, cache, first_frame, keep);
+    if (countdown_ > 0 && --countdown_ == 0) target_->interrupt();
+    return out;
+  }
+  void interrupt_after(int64_t calls, Generator& g) const {
+    countdown_ = calls;
+    target_ = &g;
+  }
+
+ protected:
+  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const override {
+    return inner_->predict(x, timesteps, text);
+  }
+
+ private:
+  std::shared_ptr<const Denoiser> inner_;
+  const CausalModel& causal_;
+  mutable int64_t countdown_ = 0;
+  mutable Generator* target_ = nullptr;
+};
+
+// Runs g.next() and interrupts it after its second model call (so the block has changed its cache); the generator
+// is ready for the retry afterwards.
+void interrupt_second_call(Generator& g, const InterruptingModel& m) {
+  m.interrupt_after(2, g);
   EXPECT_THROW(g.next(), Interrupted);
-  stop = true;
-  watcher.join();
   g.clear_interrupt();
 }
 
 TEST_F(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
   const GeneratorOptions o = options({"", 9, 6, 3});
   const torch::Tensor want = run(model(), o);
-  Generator g(model(), o);
+  const auto m = std::make_shared<InterruptingModel>(model());
+  Generator g(m, o);
   std::vector<torch::Tensor> frames;
   for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
-  interrupt_second_call(g);  // in the second block
+  interrupt_second_call(g, *m);  // in the second block
   while (!g.finished())
     for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
   EXPECT_TRUE(torch::equal(torch::cat(frames, 2), want));
@@ -282,12 +310,13 @@ TEST_F(CausalSchedule, InterruptedBlockResumesAsIfUninterrupted) {
 // A live switch taken by a block that is then interrupted is not lost: the retried block takes it.
 TEST_F(CausalSchedule, ASwitchTakenByAnInterruptedBlockIsKept) {
   const Case c{"switch12_window9_sink3", 15, 9, 3};
-  Generator g(model(), options(c));
+  const auto m = std::make_shared<InterruptingModel>(model());
+  Generator g(m, options(c));
   std::vector<torch::Tensor> frames;
   for (int b = 0; b < 4; ++b)
     for (const GeneratedFrame& f : g.next()) frames.push_back(f.latent);
   g.switch_prompt(tensor("prompt.B"), "B");
-  interrupt_second_call(g);
+  interrupt_second_call(g, *m);
   std::string label;
   for (const GeneratedFrame& f : g.next()) {
     frames.push_back(f.latent);
