@@ -263,9 +263,9 @@ class InterruptingModel : public Denoiser, public CausalModel {
         inner_(std::move(inner)),
         causal_(*causal_model(*inner_)) {}
   int64_t layers() const override { return causal_.layers(); }
-  torch::Tensor predict_cached(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
-                               KvCache& cache, int64_t first_frame, int64_t keep) const override {
-    torch::Tensor out = causal_.predict_cached(x, timesteps, text, cache, first_frame, keep);
+  torch::Tensor predict_stored(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                               int64_t first_frame, latent::KvStore& store) const override {
+    torch::Tensor out = causal_.predict_stored(x, timesteps, text, first_frame, store);
     if (countdown_ > 0 && --countdown_ == 0) target_->interrupt();
     return out;
   }

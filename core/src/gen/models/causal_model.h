@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "latent/gen/denoiser.h"
@@ -35,20 +36,33 @@ struct KvCache {
 // of them, both ways), and leaves the cache holding those `keep` slots followed by its frames: a denoising step
 // keeps the frames before its block, the block's later steps overwrite what its first wrote, and a re-cache keeps
 // the sink or nothing.
+// Where a causal call's keys and values go and what its queries see. Called once per layer, in order, with the
+// call's own keys (rotated at their absolute frames) and values, [1, frames * tokens_per_frame, heads, head_dim];
+// returns the keys and values the call's queries attend to (its own among them).
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  virtual std::pair<torch::Tensor, torch::Tensor> attend(size_t layer, const torch::Tensor& k, const torch::Tensor& v,
+                                                         int64_t tokens_per_frame) = 0;
+};
+
 class CausalModel {
  public:
   virtual ~CausalModel() = default;
   virtual int64_t layers() const = 0;
   // x: [1, C, F, h, w], latent frames first_frame .. first_frame + F - 1 (their absolute positions: RoPE is taken
   // there, whatever was evicted); timesteps [1, F] float32, each frame's value passed to the sinusoid in float64;
-  // text as Denoiser::predict's. Returns the prediction [1, C, F, h, w] float32. std::invalid_argument for inputs
-  // that do not fit (keep > the cache's slots, a size the patch does not divide).
-  virtual torch::Tensor predict_cached(const torch::Tensor& x, const torch::Tensor& timesteps,
-                                       const torch::Tensor& text, KvCache& cache, int64_t first_frame,
-                                       int64_t keep) const = 0;
+  // text as Denoiser::predict's. Self-attention goes through `store`. Returns the prediction [1, C, F, h, w]
+  // float32. std::invalid_argument for inputs that do not fit (a size the patch does not divide, a store that
+  // refuses).
+  virtual torch::Tensor predict_stored(const torch::Tensor& x, const torch::Tensor& timesteps,
+                                       const torch::Tensor& text, int64_t first_frame, KvStore& store) const = 0;
+  // predict_stored over a KvCache: the call attends to the cache's first `keep` frames and its own; the cache then
+  // holds those followed by the call's frames. std::invalid_argument where keep > the cache's slots.
+  torch::Tensor predict_cached(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
+                               KvCache& cache, int64_t first_frame, int64_t keep) const;
 };
 
-// The causal interface of a denoiser, or null where it has none.
 const CausalModel* causal_model(const Denoiser& model);
 
 }  // namespace latent

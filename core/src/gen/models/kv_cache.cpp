@@ -2,6 +2,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "gen/models/causal_model.h"
 
@@ -46,6 +48,52 @@ size_t KvCache::bytes() const {
     for (const torch::Tensor& t : *side)
       if (t.defined()) b += t.nbytes();
   return b;
+}
+
+namespace {
+
+// The KvCache rule: a call sees the first `keep` frames and its own, and the cache keeps exactly those.
+class KeepThenAppend final : public KvStore {
+ public:
+  KeepThenAppend(KvCache& cache, int64_t keep) : cache_(cache), keep_(keep) {}
+  std::pair<torch::Tensor, torch::Tensor> attend(size_t layer, const torch::Tensor& k, const torch::Tensor& v,
+                                                 int64_t tokens_per_frame) override {
+    torch::Tensor ks = k, vs = v;
+    if (keep_ > 0) {
+      const torch::Tensor& ck = cache_.k[layer];
+      if (!ck.defined() || ck.size(1) != cache_.size() * tokens_per_frame)
+        throw std::invalid_argument("causal call: the cache holds frames of another size");
+      const int64_t rows = keep_ * tokens_per_frame;
+      ks = torch::cat({ck.narrow(1, 0, rows), k}, 1);
+      vs = torch::cat({cache_.v[layer].narrow(1, 0, rows), v}, 1);
+    }
+    cache_.k[layer] = ks;
+    cache_.v[layer] = vs;
+    return {ks, vs};
+  }
+
+ private:
+  KvCache& cache_;
+  int64_t keep_;
+};
+
+}  // namespace
+
+torch::Tensor CausalModel::predict_cached(const torch::Tensor& x, const torch::Tensor& timesteps,
+                                          const torch::Tensor& text, KvCache& cache, int64_t first_frame,
+                                          int64_t keep) const {
+  if (keep < 0 || keep > cache.size() || first_frame < 0)
+    throw std::invalid_argument("causal call: keeps " + std::to_string(keep) + " of " + std::to_string(cache.size()) +
+                                " cached frames from frame " + std::to_string(first_frame));
+  if (cache.k.size() != size_t(layers())) {
+    cache.k.assign(size_t(layers()), torch::Tensor());
+    cache.v.assign(size_t(layers()), torch::Tensor());
+  }
+  KeepThenAppend store(cache, keep);
+  torch::Tensor out = predict_stored(x, timesteps, text, first_frame, store);
+  cache.frames.resize(size_t(keep));
+  for (int64_t f = 0; f < x.size(2); ++f) cache.frames.push_back(first_frame + f);
+  return out;
 }
 
 const CausalModel* causal_model(const Denoiser& model) { return dynamic_cast<const CausalModel*>(&model); }

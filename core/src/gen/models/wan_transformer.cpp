@@ -208,10 +208,10 @@ WeightSource subset(const WeightSource& src, bool fp32) {
   return out;
 }
 
-// A causal call's cache and where its frames are (CausalModel::predict_cached).
+// A causal call's key/value store and where its frames are (CausalModel::predict_stored).
 struct CachedCall {
-  KvCache* cache;
-  int64_t first_frame, keep;
+  KvStore* store;
+  int64_t first_frame;
 };
 
 class WanTransformer : public Denoiser, public CausalModel {
@@ -280,8 +280,8 @@ class WanTransformer : public Denoiser, public CausalModel {
   int64_t attention_heads() const override { return cfg_.heads; }
   int64_t layers() const override { return cfg_.layers; }
 
-  Tensor predict_cached(const Tensor& x, const Tensor& timesteps, const Tensor& text, KvCache& cache,
-                        int64_t first_frame, int64_t keep) const override {
+  Tensor predict_stored(const Tensor& x, const Tensor& timesteps, const Tensor& text, int64_t first_frame,
+                        KvStore& store) const override {
     torch::NoGradGuard no_grad;
     if (!x.defined() || x.dim() != 5 || x.size(0) != 1 || x.size(1) != spec_.channels || x.size(2) < 1)
       throw std::invalid_argument("causal call: latents must be [1, " + std::to_string(spec_.channels) +
@@ -289,21 +289,13 @@ class WanTransformer : public Denoiser, public CausalModel {
     const int64_t t = x.size(2);
     if (!timesteps.defined() || timesteps.numel() != t)
       throw std::invalid_argument("causal call: one timestep per latent frame");
-    if (keep < 0 || keep > cache.size() || first_frame < 0)
-      throw std::invalid_argument("causal call: keeps " + std::to_string(keep) + " of " + std::to_string(cache.size()) +
-                                  " cached frames from frame " + std::to_string(first_frame));
+    if (first_frame < 0) throw std::invalid_argument("causal call: a negative first frame");
     if (!text.defined() || text.dim() != 3 || text.size(2) != cfg_.text_dim)
       throw std::invalid_argument("causal call: text must be prompt embeddings [1, L, " +
                                   std::to_string(cfg_.text_dim) + "]");
-    if (cache.k.size() != size_t(cfg_.layers)) {
-      cache.k.assign(size_t(cfg_.layers), Tensor());
-      cache.v.assign(size_t(cfg_.layers), Tensor());
-    }
-    CachedCall call{&cache, first_frame, keep};
+    CachedCall call{&store, first_frame};
     const Tensor out = forward(x.to(device(), dtype()), timesteps.to(device(), torch::kFloat).reshape({1, t}),
                                text.to(device(), dtype()), nullptr, &call);
-    cache.frames.resize(size_t(keep));
-    for (int64_t f = 0; f < t; ++f) cache.frames.push_back(first_frame + f);
     return out.to(torch::kFloat);
   }
 
@@ -516,26 +508,14 @@ class WanTransformer : public Denoiser, public CausalModel {
     return a.out(slice->to_tokens(o.transpose(1, 2)).flatten(2).to(x.scalar_type()));
   }
 
-  // Self-attention of a causal call: its queries see the cache's first `keep` frames and its own; the cache keeps
-  // those followed by its own keys (rotated at their absolute positions) and values.
+  // Self-attention of a causal call: its queries see what its store gives for its own keys and values.
   Tensor cached_self_attention(const Attention& a, const Tensor& x, const Tensor& cos, const Tensor& sin,
                                const CachedCall& call, size_t layer, int64_t tokens_per_frame) const {
     const int64_t heads = cfg_.heads, d = cfg_.dim();
     const Tensor q = rotate(torch::rms_norm(a.q(x), {d}, a.norm_q, cfg_.eps).unflatten(2, {heads, -1}), cos, sin);
-    Tensor k = rotate(torch::rms_norm(a.k(x), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1}), cos, sin);
-    Tensor v = a.v(x).unflatten(2, {heads, -1});
-    KvCache& cache = *call.cache;
-    if (call.keep > 0) {
-      const Tensor& ck = cache.k[layer];
-      if (!ck.defined() || ck.size(1) != cache.size() * tokens_per_frame)
-        throw std::invalid_argument("causal call: the cache holds frames of another size");
-      const int64_t rows = call.keep * tokens_per_frame;
-      k = torch::cat({ck.narrow(1, 0, rows), k}, 1);
-      v = torch::cat({cache.v[layer].narrow(1, 0, rows), v}, 1);
-    }
-    cache.k[layer] = k;
-    cache.v[layer] = v;
-    const Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
+    const Tensor k = rotate(torch::rms_norm(a.k(x), {d}, a.norm_k, cfg_.eps).unflatten(2, {heads, -1}), cos, sin);
+    const auto [ks, vs] = call.store->attend(layer, k, a.v(x).unflatten(2, {heads, -1}), tokens_per_frame);
+    const Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2));
     return a.out(o.transpose(1, 2).flatten(2).to(x.scalar_type()));
   }
 

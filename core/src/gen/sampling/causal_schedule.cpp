@@ -246,6 +246,11 @@ class Causal final : public CausalSchedule {
 
 }  // namespace
 
+float flow_grid_sigma(double shift, double timestep) {
+  const torch::Tensor sigmas = flow_sigmas(shift);
+  return sigmas[(sigmas * 1000 - float(timestep)).abs().argmin().item<int64_t>()].item<float>();
+}
+
 std::vector<double> causal_timesteps(const CausalOptions& o) {
   std::vector<double> out;
   for (const auto& level : step_levels(o)) out.push_back(level.first);

@@ -137,5 +137,8 @@ std::unique_ptr<CausalSchedule> make_causal_schedule(const GeneratorOptions& opt
 // sigma of each (float32 too, held in doubles).
 std::vector<double> causal_timesteps(const CausalOptions& o);
 std::vector<double> causal_sigmas(const CausalOptions& o);
+// The sigma the references' flow scheduler (shift `shift`, 1000 steps, float32) takes for a timestep: its grid's
+// at the nearest grid timestep, the first of equals.
+float flow_grid_sigma(double shift, double timestep);
 
 }  // namespace latent
