@@ -20,6 +20,7 @@ static gboolean plugin_init(GstPlugin* plugin) {
   ok |= GST_ELEMENT_REGISTER(vaedecode, plugin);
   ok |= GST_ELEMENT_REGISTER(vaeencode, plugin);
   ok |= GST_ELEMENT_REGISTER(videogen, plugin);
+  ok |= GST_ELEMENT_REGISTER(videorestyle, plugin);
   return ok;
 }
 

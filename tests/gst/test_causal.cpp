@@ -23,6 +23,7 @@
 #include "check_main.h"
 #include "generated_latents.h"
 #include "pipeline_run.h"
+#include "test_restyle.h"
 
 namespace {
 
@@ -480,6 +481,7 @@ static Suite* causal_suite() {
                               "prompt-schedule with a text encoder not run");
   else
     tcase_add_test(tc, test_prompt_schedule_encodes_its_prompts);
+  add_restyle_tests(s);
   return s;
 }
 

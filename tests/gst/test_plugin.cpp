@@ -7,7 +7,7 @@
 
 static const std::set<std::string> kElements = {
     // Every element of the plugin; a new element is registered in plugin.cpp and listed here.
-    "latentfilesink", "latentfilesrc", "vaedecode", "vaeencode", "videogen",
+    "latentfilesink", "latentfilesrc", "vaedecode", "vaeencode", "videogen", "videorestyle",
 };
 
 GST_START_TEST(test_plugin_loads_from_build_tree) {

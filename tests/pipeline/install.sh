@@ -95,7 +95,7 @@ check() {
   }
   echo "$out"
   grep -q "Filename *$plugin" <<<"$out" || fail "gst-inspect-1.0 did not load $plugin"
-  for e in vaeencode vaedecode videogen latentfilesink latentfilesrc; do
+  for e in vaeencode vaedecode videogen videorestyle latentfilesink latentfilesrc; do
     grep -qE "^ *$e:" <<<"$out" || fail "element $e missing"
   done
 

@@ -918,4 +918,10 @@ bool recognise_wan22(WeightSource& src) {
 // any batch of whole steps gives the same result.
 ChunkRules wan_chunks(int64_t temporal_factor) { return {{1, temporal_factor, true}, {1, 1, true}}; }
 
+LatentStatistics published_latent_statistics(const std::string& model_id) {
+  if (model_id == "wan2.1") return {kWanMean, kWanStd};
+  if (model_id == "wan2.2") return {kWan22Mean, kWan22Std};
+  throw std::invalid_argument("no published latent statistics for model '" + model_id + "' (known: wan2.1, wan2.2)");
+}
+
 }  // namespace latent

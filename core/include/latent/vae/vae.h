@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "latent/io/weights.h"
 
@@ -143,6 +144,15 @@ class Vae {
 // __metadata__ "model_id" (a model of a family's architecture trained apart, whose latents another model of the
 // family cannot decode).
 std::string model_id_of(const WeightSource& source, const std::string& family);
+
+// The published per-channel mean and standard deviation of a latent space's raw encoder means (the VAE's
+// posterior mean before z = (mean_vae - mean) / std makes it diffusion space): "wan2.1" (16 channels) and
+// "wan2.2" (48). Code trained on raw means (StreamDiffusionV2) needs them to take this project's latents.
+// std::invalid_argument naming the known spaces for another id.
+struct LatentStatistics {
+  std::vector<double> mean, std;
+};
+LatentStatistics published_latent_statistics(const std::string& model_id);
 
 // Recognises the family from the config (or, without one, from the tensor names; core/src/vae/families.cpp) and
 // builds the model.

@@ -1,0 +1,748 @@
+#include "videorestyle.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "buffer_map.h"
+#include "elements.h"
+#include "generation_plan.h"
+#include "held_events.h"
+#include "latent/gen/denoiser.h"
+#include "latent/gen/prompts.h"
+#include "latent/gen/restyler.h"
+#include "latent/io/safetensors.h"
+#include "latent/runtime/devices.h"
+#include "latent/vae/vae.h"
+#include "latent_caps.h"
+#include "model_glue.h"
+#include "prompt_switcher.h"
+
+GST_DEBUG_CATEGORY_STATIC(video_restyle_debug);
+#define GST_CAT_DEFAULT video_restyle_debug
+
+using latent::gst::LatentCapsInfo;
+using latent::gst::LatentFrameStamp;
+
+namespace {
+
+constexpr const char* kPromptTag = "latent-prompt";
+
+enum {
+  PROP_TRANSFORMER_WEIGHTS = latent::gst::PROP_FIRST_FREE,
+  PROP_LORA,
+  PROP_PROMPT,
+  PROP_PROMPT_EMBEDS,
+  PROP_STRENGTH,
+  PROP_DENOISING_STEPS,
+  PROP_KV_WINDOW,
+  PROP_SINK_FRAMES,
+  PROP_SINK_THRESHOLD,
+  PROP_SEED,
+  PROP_RAW_INPUT,
+  PROP_QOS,
+  PROP_LATENTS_IN,
+  PROP_LATENTS_OUT,
+  PROP_DROPPED,
+};
+
+struct Settings {
+  latent::gst::ModelSettings model;
+  std::string transformer_weights, lora;
+  std::optional<std::string> prompt;
+  std::string prompt_embeds;
+  double strength = 0.8;
+  std::string denoising_steps = "700,500";
+  guint kv_window = 6, sink_frames = 3;
+  double sink_threshold = 0.2;
+  guint64 seed = 0;
+  bool raw_input = true;
+};
+
+struct Impl {
+  Settings settings;  // object lock
+  std::atomic<bool> qos{true};
+
+  std::shared_ptr<const latent::Denoiser> denoiser;
+  std::string model_path;
+  latent::LoadOptions model_options;
+  torch::Tensor text;      // the embeddings the next stream starts with
+  std::string text_key;    // what they were made from
+  std::unique_ptr<latent::Restyler> restyler;
+  std::optional<LatentCapsInfo> in;
+  torch::Tensor raw_mean, raw_std;  // [C, 1, 1] where raw-input converts, else undefined
+  std::deque<LatentFrameStamp> stamps;  // of the frames in flight, from restyler index stamps_base
+  int64_t stamps_base = 0;
+  latent::gst::HeldEvents held;
+  bool discont = true;
+  GstSegment segment{};
+
+  std::mutex switch_lock;  // a prompt delivered while playing, taken at the next frame
+  torch::Tensor next_text;
+  std::string next_label;
+  std::unique_ptr<latent::gst::PromptSwitcher> switcher;
+
+  std::mutex qos_lock;
+  GstClockTime earliest = GST_CLOCK_TIME_NONE;  // downstream's QoS: output running times before it are late
+
+  std::atomic<guint64> latents_in{0}, latents_out{0}, dropped{0};
+  latent::gst::ChunkStats stats;
+  latent::gst::LatencyBound compute;
+};
+
+}  // namespace
+
+struct _GstVideoRestyle {
+  GstElement parent;
+  GstPad* sinkpad;
+  GstPad* srcpad;
+  Impl* impl;
+};
+
+G_DEFINE_TYPE_WITH_CODE(GstVideoRestyle, gst_video_restyle, GST_TYPE_ELEMENT,
+                        GST_DEBUG_CATEGORY_INIT(video_restyle_debug, "videorestyle", 0,
+                                                "streaming video-to-video with a causal model"));
+GST_ELEMENT_REGISTER_DEFINE(videorestyle, "videorestyle", GST_RANK_NONE, GST_TYPE_VIDEO_RESTYLE);
+
+namespace {
+
+std::filesystem::path no_default_model() {
+  throw latent::ModelError("videorestyle has no default model: it needs a causal Wan checkpoint");
+}
+
+latent::RestyleOptions restyle_options(const Settings& s, const torch::Tensor& text) {
+  latent::RestyleOptions o;
+  o.strength = s.strength;
+  o.denoising_steps = latent::gst::parse_denoising_steps(s.denoising_steps);
+  o.kv_window = s.kv_window;
+  o.sink_frames = s.sink_frames;
+  o.sink_threshold = s.sink_threshold;
+  o.seed = s.seed;
+  o.text = text;
+  return o;
+}
+
+torch::Tensor read_prompt_embeds(const std::string& path) {
+  latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
+  if (!file.contains("prompt_embeds"))
+    throw std::invalid_argument("prompt-embeds file " + path + " has no tensor \"prompt_embeds\" (write it with "
+                                "latent-prompt)");
+  return file.tensor("prompt_embeds").to(torch::kFloat).clone();
+}
+
+// The embeddings of the prompt settings, made again only when they changed. Posts an ERROR and returns false.
+bool make_text(GstVideoRestyle* self, const Settings& s) {
+  Impl& impl = *self->impl;
+  if (s.prompt && !s.prompt_embeds.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Set prompt or prompt-embeds, not both."), (nullptr));
+    return false;
+  }
+  if (!s.prompt && s.prompt_embeds.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("No prompt: set prompt or prompt-embeds."), (nullptr));
+    return false;
+  }
+  const std::string key = s.prompt ? "prompt\n" + *s.prompt : "file\n" + s.prompt_embeds;
+  if (key == impl.text_key && impl.text.defined()) return true;
+  try {
+    if (s.prompt) {
+      latent::TextEncoder::Options options;
+      options.device = impl.model_options.device;
+      options.dtype = impl.model_options.dtype;
+      impl.text = latent::encode_prompts(impl.model_path, *s.prompt, std::nullopt, options).prompt.to(torch::kFloat);
+    } else {
+      impl.text = read_prompt_embeds(s.prompt_embeds);
+    }
+    impl.text_key = key;
+    return true;
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ, ("Cannot make the prompt's embeddings: %s", e.what()),
+                      ("model %s", impl.model_path.c_str()));
+    return false;
+  }
+}
+
+// One latent frame takes a call; the first waits for the second, every later one leaves steps - 1 frames later.
+GstClockTime our_latency(GstVideoRestyle* self) {
+  Impl& s = *self->impl;
+  GST_OBJECT_LOCK(self);
+  int64_t steps = 2;
+  try {
+    steps = int64_t(latent::gst::parse_denoising_steps(s.settings.denoising_steps).size());
+  } catch (const std::exception&) {
+  }
+  const std::optional<LatentCapsInfo> in = s.in;
+  GST_OBJECT_UNLOCK(self);
+  const GstClockTime frame = in ? in->frame_duration() : GST_CLOCK_TIME_NONE;
+  const GstClockTime held = GST_CLOCK_TIME_IS_VALID(frame) ? GstClockTime(std::max<int64_t>(1, steps - 1)) * frame : 0;
+  return held + s.compute.announced();
+}
+
+GstFlowReturn push_frames(GstVideoRestyle* self, std::vector<latent::RestyledFrame> frames) {
+  Impl& s = *self->impl;
+  for (latent::RestyledFrame& f : frames) {
+    LatentFrameStamp stamp;
+    while (!s.stamps.empty() && s.stamps_base < f.index) {
+      s.stamps.pop_front();
+      ++s.stamps_base;
+    }
+    if (!s.stamps.empty() && s.stamps_base == f.index) stamp = s.stamps.front();
+    s.held.release_before(self->srcpad, uint64_t(f.index) + 1);
+    const torch::Tensor frame = f.latent.reshape({s.in->channels, s.in->height, s.in->width})
+                                    .to(torch::kCPU, s.in->scalar_type())
+                                    .contiguous();
+    GstBuffer* buf = latent::gst::buffer_wrapping_tensor(frame);
+    latent::gst::apply_stamp(buf, stamp);
+    if (s.discont) {
+      GST_BUFFER_FLAG_SET(buf, GST_BUFFER_FLAG_DISCONT);
+      s.discont = false;
+    }
+    s.latents_out++;
+    const GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
+    if (ret != GST_FLOW_OK) return ret;
+  }
+  return GST_FLOW_OK;
+}
+
+// Sends what is in flight (the stream ended here) and starts a new stream.
+GstFlowReturn drain(GstVideoRestyle* self) {
+  Impl& s = *self->impl;
+  GstFlowReturn ret = GST_FLOW_OK;
+  if (s.restyler && s.restyler->frames_in() > 0) {
+    std::vector<latent::RestyledFrame> rest;
+    if (latent::gst::guarded(GST_ELEMENT(self), "restyling the end of the stream", [&] { rest = s.restyler->finish(); }))
+      ret = push_frames(self, std::move(rest));
+    else
+      ret = GST_FLOW_ERROR;
+  }
+  if (s.restyler) s.restyler->reset();
+  s.held.release_all(self->srcpad);
+  s.stamps.clear();
+  s.stamps_base = 0;
+  return ret;
+}
+
+// Whether downstream's QoS says the output of a frame with this stamp would come too late to be shown.
+bool late(Impl& s, const LatentFrameStamp& stamp) {
+  if (!s.qos || !GST_CLOCK_TIME_IS_VALID(stamp.pts) || s.segment.format != GST_FORMAT_TIME) return false;
+  const guint64 rt = gst_segment_to_running_time(&s.segment, GST_FORMAT_TIME, stamp.pts);
+  std::lock_guard<std::mutex> lock(s.qos_lock);
+  if (!GST_CLOCK_TIME_IS_VALID(rt) || !GST_CLOCK_TIME_IS_VALID(s.earliest)) return false;
+  const GstClockTime end = rt + (GST_CLOCK_TIME_IS_VALID(stamp.duration) ? stamp.duration : 0);
+  return end <= s.earliest;
+}
+
+void post_dropped(GstVideoRestyle* self, const LatentFrameStamp& stamp) {
+  Impl& s = *self->impl;
+  const guint64 rt = gst_segment_to_running_time(&s.segment, GST_FORMAT_TIME, stamp.pts);
+  const guint64 st = gst_segment_to_stream_time(&s.segment, GST_FORMAT_TIME, stamp.pts);
+  GstMessage* m = gst_message_new_qos(GST_OBJECT(self), FALSE, rt, st, stamp.pts, stamp.duration);
+  gst_message_set_qos_stats(m, GST_FORMAT_BUFFERS, s.latents_in.load(), s.dropped.load());
+  gst_element_post_message(GST_ELEMENT(self), m);
+}
+
+// A prompt delivered while playing: taken before the next frame, marked downstream by a tag.
+void take_switched_prompt(GstVideoRestyle* self) {
+  Impl& s = *self->impl;
+  torch::Tensor text;
+  std::string label;
+  {
+    std::lock_guard<std::mutex> lock(s.switch_lock);
+    if (!s.next_text.defined()) return;
+    std::swap(text, s.next_text);
+    label = s.next_label;
+  }
+  s.restyler->set_text(text);
+  GST_INFO_OBJECT(self, "prompt switched to '%s' from frame %" G_GINT64_FORMAT, label.c_str(), s.restyler->frames_in());
+  GstTagList* tags = gst_tag_list_new(kPromptTag, label.c_str(), nullptr);
+  gst_tag_list_set_scope(tags, GST_TAG_SCOPE_STREAM);
+  s.held.hold(gst_event_new_tag(tags), uint64_t(s.restyler->frames_in()));
+}
+
+GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
+  auto* self = GST_VIDEO_RESTYLE(parent);
+  Impl& s = *self->impl;
+  latent::gst::BufferPtr buf(buffer);
+  if (!s.in || !s.restyler) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first latent."), (nullptr));
+    return GST_FLOW_NOT_NEGOTIATED;
+  }
+  GstFlowReturn ret = GST_FLOW_OK;
+  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.restyler->frames_in() > 0) {
+    ret = drain(self);
+    if (ret != GST_FLOW_OK) return ret;
+  }
+  const LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
+  s.latents_in++;
+  // The first two frames make the stream's start: never dropped. Later a frame whose output would be late is not
+  // made at all, so a slow model skips frames instead of building a backlog.
+  if (s.restyler->frames_in() >= 2 && late(s, stamp)) {
+    s.dropped++;
+    GST_DEBUG_OBJECT(self, "dropping a late latent at %" GST_TIME_FORMAT, GST_TIME_ARGS(stamp.pts));
+    post_dropped(self, stamp);
+    return GST_FLOW_OK;
+  }
+  latent::gst::BufferMap map(buf.get(), GST_MAP_READ);
+  if (!map) {
+    GST_ELEMENT_ERROR(self, STREAM, DECODE, ("Cannot read a latent buffer."), ("buffer %" GST_PTR_FORMAT, buf.get()));
+    return GST_FLOW_ERROR;
+  }
+  try {
+    take_switched_prompt(self);
+    torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).to(torch::kFloat);
+    if (s.raw_mean.defined()) z = z * s.raw_std + s.raw_mean;  // a copy, so the buffer can go back upstream
+    else z = z.clone();
+    map.release();
+    buf.reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<latent::RestyledFrame> done = s.restyler->push(z.unsqueeze(1).unsqueeze(0));
+    s.stamps.push_back(stamp);
+    if (!done.empty())
+      latent::gst::record_compute_time(GST_ELEMENT(self), s.stats, s.compute, std::chrono::steady_clock::now() - t0);
+    ret = push_frames(self, std::move(done));
+  } catch (const std::exception& e) {
+    latent::gst::post_exception(GST_ELEMENT(self), "restyling", e);
+    ret = GST_FLOW_ERROR;
+  }
+  return ret;
+}
+
+bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
+  Impl& s = *self->impl;
+  std::string why;
+  auto info = LatentCapsInfo::from_caps(caps, &why);
+  if (!info) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Invalid latent caps: %s", why.c_str()), ("%" GST_PTR_FORMAT, caps));
+    return false;
+  }
+  if (s.in && *s.in == *info) return true;
+  const latent::DenoiserSpec& spec = s.denoiser->spec();
+  if (info->model != spec.latent_space || info->channels != spec.channels) {
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION,
+                      ("Latents of model '%s' (%d channels) cannot be restyled by a model of '%s' latents (%lld "
+                       "channels).",
+                       info->model.c_str(), info->channels, spec.latent_space.c_str(), (long long)spec.channels),
+                      ("encode the video with the VAE of the model's folder"));
+    return false;
+  }
+  if (s.in && drain(self) != GST_FLOW_OK) return false;
+  GST_OBJECT_LOCK(self);
+  const Settings settings = s.settings;
+  GST_OBJECT_UNLOCK(self);
+  try {
+    s.raw_mean = s.raw_std = torch::Tensor();
+    if (settings.raw_input) {
+      const latent::LatentStatistics stats = latent::published_latent_statistics(info->model);
+      s.raw_mean = torch::tensor(stats.mean, torch::kDouble).to(torch::kFloat).view({-1, 1, 1});
+      s.raw_std = torch::tensor(stats.std, torch::kDouble).to(torch::kFloat).view({-1, 1, 1});
+    }
+    s.restyler = std::make_unique<latent::Restyler>(s.denoiser, restyle_options(settings, s.text));
+  } catch (const std::exception& e) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot restyle with these settings: %s", e.what()),
+                      ("model %s", s.model_path.c_str()));
+    return false;
+  }
+  GST_OBJECT_LOCK(self);
+  s.in = info;
+  GST_OBJECT_UNLOCK(self);
+  s.stamps.clear();
+  s.stamps_base = 0;
+  s.discont = true;
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
+  return true;
+}
+
+gboolean handle_sink_event(GstVideoRestyle* self, GstPad* pad, GstEvent* event) {
+  Impl& s = *self->impl;
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      GstCaps* caps;
+      gst_event_parse_caps(event, &caps);
+      if (!set_latent_caps(self, caps)) {
+        gst_event_unref(event);
+        return FALSE;
+      }
+      break;  // the frames keep their caps
+    }
+    case GST_EVENT_SEGMENT: {
+      drain(self);
+      const GstSegment* segment;
+      gst_event_parse_segment(event, &segment);
+      gst_segment_copy_into(segment, &s.segment);
+      break;
+    }
+    case GST_EVENT_EOS:
+    case GST_EVENT_SEGMENT_DONE:
+    case GST_EVENT_STREAM_START: drain(self); break;
+    case GST_EVENT_FLUSH_STOP: {
+      s.held.flush();
+      if (s.restyler) s.restyler->reset();
+      s.stamps.clear();
+      s.stamps_base = 0;
+      s.discont = true;
+      std::lock_guard<std::mutex> lock(s.qos_lock);
+      s.earliest = GST_CLOCK_TIME_NONE;
+      break;
+    }
+    default:
+      if (latent::gst::waits_behind_data(event) && s.restyler && s.restyler->frames_in() > s.stamps_base) {
+        s.held.hold(event, uint64_t(s.restyler->frames_in()));
+        return TRUE;
+      }
+      break;
+  }
+  return gst_pad_event_default(pad, GST_OBJECT(self), event);
+}
+
+gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
+  auto* self = GST_VIDEO_RESTYLE(parent);
+  return latent::gst::guarded_event(GST_ELEMENT(self), [&] { return handle_sink_event(self, pad, event); });
+}
+
+// Downstream's QoS: the running time before which outputs are late (GstBaseTransform's reading of it).
+gboolean src_event(GstPad* pad, GstObject* parent, GstEvent* event) {
+  auto* self = GST_VIDEO_RESTYLE(parent);
+  Impl& s = *self->impl;
+  if (GST_EVENT_TYPE(event) == GST_EVENT_QOS) {
+    GstQOSType type;
+    gdouble proportion;
+    GstClockTimeDiff diff;
+    GstClockTime timestamp;
+    gst_event_parse_qos(event, &type, &proportion, &diff, &timestamp);
+    std::lock_guard<std::mutex> lock(s.qos_lock);
+    s.earliest = GST_CLOCK_TIME_IS_VALID(timestamp) ? GstClockTime(std::max<GstClockTimeDiff>(0, GstClockTimeDiff(timestamp) + diff))
+                                                    : GST_CLOCK_TIME_NONE;
+  }
+  return gst_pad_event_default(pad, parent, event);
+}
+
+gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  auto* self = GST_VIDEO_RESTYLE(parent);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
+    return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(self));
+  return gst_pad_query_default(pad, parent, query);
+}
+
+// prompt or prompt-embeds set while a stream plays: made off the streaming thread, taken at the next frame.
+void switch_prompt_while_playing(GstVideoRestyle* self) {
+  Impl& s = *self->impl;
+  GST_OBJECT_LOCK(self);
+  const Settings settings = s.settings;
+  const bool active = s.in.has_value();
+  GST_OBJECT_UNLOCK(self);
+  if (!active || !s.switcher) return;
+  if (settings.prompt) {
+    latent::TextEncoder::Options options;
+    options.device = s.model_options.device;
+    options.dtype = s.model_options.dtype;
+    const std::string model = s.model_path, prompt = *settings.prompt;
+    s.switcher->submit(prompt, [=] {
+      return latent::encode_prompts(model, prompt, std::nullopt, options).prompt.to(torch::kFloat);
+    });
+  } else if (!settings.prompt_embeds.empty()) {
+    const std::string path = settings.prompt_embeds;
+    s.switcher->submit(path, [=] { return read_prompt_embeds(path); });
+  }
+}
+
+GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
+  auto* self = GST_VIDEO_RESTYLE(element);
+  Impl& s = *self->impl;
+  switch (transition) {
+    case GST_STATE_CHANGE_NULL_TO_READY: {
+      static const latent::gst::DefaultModel none{"causal model", no_default_model,
+                                                  "a diffusers Wan 2.1 folder (with transformer-weights= a causal "
+                                                  "checkpoint)"};
+      GST_OBJECT_LOCK(self);
+      const Settings settings = s.settings;
+      GST_OBJECT_UNLOCK(self);
+      latent::gst::VideoGenSettings files;
+      files.transformer_weights = settings.transformer_weights;
+      files.lora = settings.lora;
+      const bool loaded = latent::gst::load_model(
+          element, settings.model, none, [&](const std::string& path, const latent::LoadOptions& o) {
+            s.denoiser = latent::load_denoiser(path, o, latent::gst::denoiser_files(files));
+            s.model_path = path;
+            s.model_options = o;
+          });
+      if (!loaded || !make_text(self, settings)) {
+        s.denoiser.reset();
+        return GST_STATE_CHANGE_FAILURE;
+      }
+      break;
+    }
+    case GST_STATE_CHANGE_READY_TO_PAUSED: {
+      GST_OBJECT_LOCK(self);
+      const Settings settings = s.settings;
+      GST_OBJECT_UNLOCK(self);
+      if (!make_text(self, settings)) return GST_STATE_CHANGE_FAILURE;
+      try {
+        latent::gst::parse_denoising_steps(settings.denoising_steps);
+      } catch (const std::invalid_argument& e) {
+        GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("denoising-steps: %s", e.what()), (nullptr));
+        return GST_STATE_CHANGE_FAILURE;
+      }
+      s.latents_in = s.latents_out = s.dropped = 0;
+      s.stats.reset();
+      s.compute.reset();
+      s.discont = true;
+      gst_segment_init(&s.segment, GST_FORMAT_UNDEFINED);
+      std::lock_guard<std::mutex> lock(s.qos_lock);
+      s.earliest = GST_CLOCK_TIME_NONE;
+      break;
+    }
+    default: break;
+  }
+  GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_video_restyle_parent_class)->change_state(element, transition);
+  switch (transition) {
+    case GST_STATE_CHANGE_PAUSED_TO_READY:
+      s.switcher->cancel();
+      s.restyler.reset();
+      s.held.clear();
+      s.stamps.clear();
+      s.stamps_base = 0;
+      GST_OBJECT_LOCK(self);
+      s.in.reset();
+      GST_OBJECT_UNLOCK(self);
+      {
+        std::lock_guard<std::mutex> lock(s.switch_lock);
+        s.next_text = torch::Tensor();
+      }
+      break;
+    case GST_STATE_CHANGE_READY_TO_NULL:
+      s.denoiser.reset();
+      s.text = torch::Tensor();
+      s.text_key.clear();
+      break;
+    default: break;
+  }
+  return ret;
+}
+
+std::optional<std::string> optional_string(const GValue* value) {
+  const gchar* v = g_value_get_string(value);
+  return v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VIDEO_RESTYLE(object);
+  Impl& impl = *self->impl;
+  Settings& s = impl.settings;
+  if (latent::gst::set_model_property(object, s.model, id, value)) return;
+  if (id == PROP_QOS) {
+    impl.qos = g_value_get_boolean(value);
+    return;
+  }
+  bool prompt_changed = false;
+  GST_OBJECT_LOCK(self);
+  const auto text = [&] { return g_value_get_string(value) ? std::string(g_value_get_string(value)) : std::string(); };
+  switch (id) {
+    case PROP_TRANSFORMER_WEIGHTS: s.transformer_weights = text(); break;
+    case PROP_LORA: s.lora = text(); break;
+    case PROP_PROMPT:
+      s.prompt = optional_string(value);
+      if (s.prompt) s.prompt_embeds.clear();
+      prompt_changed = true;
+      break;
+    case PROP_PROMPT_EMBEDS:
+      s.prompt_embeds = text();
+      if (!s.prompt_embeds.empty()) s.prompt.reset();
+      prompt_changed = true;
+      break;
+    case PROP_STRENGTH: s.strength = g_value_get_double(value); break;
+    case PROP_DENOISING_STEPS: s.denoising_steps = text(); break;
+    case PROP_KV_WINDOW: s.kv_window = g_value_get_uint(value); break;
+    case PROP_SINK_FRAMES: s.sink_frames = g_value_get_uint(value); break;
+    case PROP_SINK_THRESHOLD: s.sink_threshold = g_value_get_double(value); break;
+    case PROP_SEED: s.seed = g_value_get_uint64(value); break;
+    case PROP_RAW_INPUT: s.raw_input = g_value_get_boolean(value); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+  if (prompt_changed) switch_prompt_while_playing(self);
+}
+
+void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
+  auto* self = GST_VIDEO_RESTYLE(object);
+  Impl& impl = *self->impl;
+  const Settings& s = impl.settings;
+  if (latent::gst::get_model_property(object, s.model, id, value)) return;
+  GST_OBJECT_LOCK(self);
+  const auto set_text = [&](const std::string& v) { g_value_set_string(value, v.empty() ? nullptr : v.c_str()); };
+  switch (id) {
+    case PROP_TRANSFORMER_WEIGHTS: set_text(s.transformer_weights); break;
+    case PROP_LORA: set_text(s.lora); break;
+    case PROP_PROMPT: g_value_set_string(value, s.prompt ? s.prompt->c_str() : nullptr); break;
+    case PROP_PROMPT_EMBEDS: set_text(s.prompt_embeds); break;
+    case PROP_STRENGTH: g_value_set_double(value, s.strength); break;
+    case PROP_DENOISING_STEPS: g_value_set_string(value, s.denoising_steps.c_str()); break;
+    case PROP_KV_WINDOW: g_value_set_uint(value, s.kv_window); break;
+    case PROP_SINK_FRAMES: g_value_set_uint(value, s.sink_frames); break;
+    case PROP_SINK_THRESHOLD: g_value_set_double(value, s.sink_threshold); break;
+    case PROP_SEED: g_value_set_uint64(value, s.seed); break;
+    case PROP_RAW_INPUT: g_value_set_boolean(value, s.raw_input); break;
+    case PROP_QOS: g_value_set_boolean(value, impl.qos.load()); break;
+    case PROP_LATENTS_IN: g_value_set_uint64(value, impl.latents_in.load()); break;
+    case PROP_LATENTS_OUT: g_value_set_uint64(value, impl.latents_out.load()); break;
+    case PROP_DROPPED: g_value_set_uint64(value, impl.dropped.load()); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+void finalize(GObject* object) {
+  auto* self = GST_VIDEO_RESTYLE(object);
+  self->impl->switcher.reset();  // joins its thread before the state it delivers to goes
+  delete self->impl;
+  G_OBJECT_CLASS(gst_video_restyle_parent_class)->finalize(object);
+}
+
+}  // namespace
+
+static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
+  auto* gobject = G_OBJECT_CLASS(klass);
+  auto* element = GST_ELEMENT_CLASS(klass);
+  gobject->set_property = set_property;
+  gobject->get_property = get_property;
+  gobject->finalize = finalize;
+  element->change_state = change_state;
+
+  latent::gst::install_model_properties(
+      gobject, std::string("A diffusers Wan 2.1 T2V folder (its transformer config, text encoder and tokenizer); "
+                           "transformer-weights puts a causal checkpoint (StreamDiffusionV2's model.pt, "
+                           "Self-Forcing's) in place of its transformer"));
+  const auto ready = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const auto playing = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING);
+  const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject, PROP_TRANSFORMER_WEIGHTS,
+      g_param_spec_string("transformer-weights", "Transformer weights",
+                          "A causal Wan checkpoint in place of the folder's transformer: a torch .pt with "
+                          "generator_ema, generator or state_dict (model. prefix), flat safetensors with the "
+                          "original Wan names, or diffusers names. Read at NULL->READY",
+                          nullptr, ready));
+  g_object_class_install_property(
+      gobject, PROP_LORA,
+      g_param_spec_string("lora", "LoRA", "LoRA files merged into the transformer at load: \"FILE:SCALE,...\"",
+                          nullptr, ready));
+  g_object_class_install_property(
+      gobject, PROP_PROMPT,
+      g_param_spec_string("prompt", "Prompt",
+                          "The style, encoded by the folder's text encoder. Set while playing, it is encoded off the "
+                          "streaming thread and takes effect at the next frame (a latent-prompt tag marks where)",
+                          nullptr, playing));
+  g_object_class_install_property(
+      gobject, PROP_PROMPT_EMBEDS,
+      g_param_spec_string("prompt-embeds", "Prompt embeddings",
+                          "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (latent-prompt "
+                          "writes one); may be set while playing",
+                          nullptr, playing));
+  g_object_class_install_property(
+      gobject, PROP_STRENGTH,
+      g_param_spec_double("strength", "Strength",
+                          "How much of each input frame is replaced by noise before it is regenerated (the input "
+                          "is noise * s + latents * (1 - s); later frames tell the model t = int(1000 s) - 100). "
+                          "Lower keeps more of the input",
+                          0.01, 1.0, 0.8, ready));
+  g_object_class_install_property(
+      gobject, PROP_DENOISING_STEPS,
+      g_param_spec_string("denoising-steps", "Denoising steps",
+                          "Timesteps on the 1000-step grid, comma-separated, not warped: one model call per step "
+                          "and frame; a frame leaves steps - 1 frames after it came",
+                          "700,500", ready));
+  g_object_class_install_property(
+      gobject, PROP_KV_WINDOW,
+      g_param_spec_uint("kv-window", "KV window", "Latent frames each step's key/value cache holds", 2, 4096, 6,
+                        ready));
+  g_object_class_install_property(
+      gobject, PROP_SINK_FRAMES,
+      g_param_spec_uint("sink-frames", "Sink frames",
+                        "Of kv-window, the slots of the attention sink (kept unless the adaptive sink refreshes "
+                        "them)",
+                        0, 4095, 3, ready));
+  g_object_class_install_property(
+      gobject, PROP_SINK_THRESHOLD,
+      g_param_spec_double("sink-threshold", "Sink threshold",
+                          "A frame whose keys and values are less alike (cosine) than this to a sink frame replaces "
+                          "the least alike at the next eviction (the adaptive sink); -1 keeps the sink fixed",
+                          -1.0, 1.0, 0.2, ready));
+  g_object_class_install_property(
+      gobject, PROP_SEED,
+      g_param_spec_uint64("seed", "Seed", "Seed of every noise draw (a CPU generator: the same on every device)", 0,
+                          G_MAXUINT64, 0, ready));
+  g_object_class_install_property(
+      gobject, PROP_RAW_INPUT,
+      g_param_spec_boolean("raw-input", "Raw input",
+                           "Give the model the VAE's raw posterior means (the latents de-normalised with the latent "
+                           "space's published statistics), as StreamDiffusionV2 does; its output is taken as "
+                           "normalised latents, as its decoder takes it. FALSE passes the latents as they come",
+                           TRUE, ready));
+  g_object_class_install_property(
+      gobject, PROP_QOS,
+      g_param_spec_boolean("qos", "QoS",
+                           "Skip input frames whose output downstream's QoS says would be late, instead of queueing "
+                           "them",
+                           TRUE, GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING)));
+  g_object_class_install_property(
+      gobject, PROP_LATENTS_IN,
+      g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64,
+                          0, ro));
+  g_object_class_install_property(
+      gobject, PROP_LATENTS_OUT,
+      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64,
+                          0, ro));
+  g_object_class_install_property(
+      gobject, PROP_DROPPED,
+      g_param_spec_uint64("dropped", "Dropped", "Input frames skipped because their output would be late (qos)", 0,
+                          G_MAXUINT64, 0, ro));
+
+  gst_tag_register(kPromptTag, GST_TAG_FLAG_META, G_TYPE_STRING, "latent prompt",
+                   "the prompt the latents from here on are made under", nullptr);
+
+  gst_element_class_set_static_metadata(
+      element, "Streaming video-to-video", "Filter/Effect/Video",
+      "Regenerates incoming latent frames under a prompt with a causal few-step Wan model, one frame per model call "
+      "per step, as StreamDiffusionV2's streaming video-to-video: a camera restyled live. Latency: steps - 1 latent "
+      "frames and the compute; late frames are skipped (qos). Example: gst-launch-1.0 v4l2src ! videoconvert ! "
+      "videoscale ! video/x-raw,width=832,height=480 ! vaeencode model=DIR/vae ! videorestyle model=DIR "
+      "transformer-weights=model.pt prompt=\"oil painting\" ! vaedecode model=taew2_1.pth ! videoconvert ! "
+      "autovideosink",
+      "gst-latent");
+  const std::string caps = latent::gst::latent_template_caps_string();
+  for (const char* name : {"sink", "src"}) {
+    GstCaps* c = gst_caps_from_string(caps.c_str());
+    gst_element_class_add_pad_template(
+        element, gst_pad_template_new(name, name[1] == 'i' ? GST_PAD_SINK : GST_PAD_SRC, GST_PAD_ALWAYS, c));
+    gst_caps_unref(c);
+  }
+}
+
+static void gst_video_restyle_init(GstVideoRestyle* self) {
+  self->impl = new Impl();
+  Impl* impl = self->impl;
+  impl->switcher = std::make_unique<latent::gst::PromptSwitcher>(
+      [impl](const torch::Tensor& text, const std::string& label) {
+        std::lock_guard<std::mutex> lock(impl->switch_lock);
+        impl->next_text = text;
+        impl->next_label = label;
+      },
+      [self](const std::string& label, const std::string& error) {
+        GST_ELEMENT_WARNING(self, RESOURCE, OPEN_READ, ("Cannot switch the prompt to '%s': %s", label.c_str(),
+                                                        error.c_str()),
+                            (nullptr));
+      });
+  auto* klass = GST_ELEMENT_GET_CLASS(self);
+  self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
+  gst_pad_set_chain_function(self->sinkpad, chain);
+  gst_pad_set_event_function(self->sinkpad, sink_event);
+  GST_PAD_SET_PROXY_CAPS(self->sinkpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
+  self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
+  gst_pad_set_event_function(self->srcpad, src_event);
+  gst_pad_set_query_function(self->srcpad, src_query);
+  GST_PAD_SET_PROXY_CAPS(self->srcpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+}

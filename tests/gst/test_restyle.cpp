@@ -1,0 +1,344 @@
+// videorestyle: StreamDiffusionV2's streaming video-to-video as a filter, against its own loop's outputs
+// (tests/fixtures/data/restyle/, made by tests/fixtures/gen_restyle_fixtures.py from its code), the latent space its
+// checkpoints take, a camera-like chain through vaeencode and vaedecode, QoS that skips late frames, prompts
+// switched while playing and latents of another model refused. Part of gst-causal-tests (add_restyle_tests).
+
+// The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "latent/io/safetensors.h"
+#include "latent/vae/vae.h"
+
+#include <gst/app/gstappsrc.h>
+#include <gst/check/gstcheck.h>
+
+#include "check_main.h"
+#include "generated_latents.h"
+#include "pipeline_run.h"
+#include "test_restyle.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using latent_test::Out;
+
+// The core's test holds the loop to 1e-4 of the reference's largest value; the element adds the float32 wire
+// format and, with raw-input, one de-normalisation in float32 (~1e-7 relative).
+constexpr double kTolerance = 1e-4;
+constexpr int64_t kC = 16, kH = 6, kW = 8;
+
+fs::path data() { return fs::path(LATENT_TEST_SOURCE_ROOT) / "tests" / "fixtures" / "data"; }
+
+const latent::SafetensorsFile& cases() {
+  static const latent::SafetensorsFile f =
+      latent::SafetensorsFile::open(data() / "restyle" / "restyle-cases.safetensors");
+  return f;
+}
+
+torch::Tensor raw_input() { return cases().tensor("s080.input").to(torch::kFloat)[0]; }  // [T, C, h, w]
+torch::Tensor want() { return cases().tensor("s080.output").to(torch::kFloat)[0]; }
+
+fs::path scratch() {
+  static const fs::path dir = [] {
+    fs::path p = fs::temp_directory_path() / ("latent-restyle-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return dir;
+}
+
+std::string embeds(const std::string& name, const torch::Tensor& t) {
+  const fs::path path = scratch() / (name + ".safetensors");
+  latent::SafetensorsWriter out(path, {.durable = false});
+  out.write("prompt_embeds", t.to(torch::kFloat).contiguous().clone());
+  out.commit();
+  return path.string();
+}
+
+std::string prompt_a() { return embeds("a", cases().tensor("prompt.A")); }
+
+// The other prompt of the causal fixtures.
+std::string prompt_b() {
+  static const latent::SafetensorsFile causal =
+      latent::SafetensorsFile::open(data() / "causal" / "causal-cases.safetensors");
+  return embeds("b", causal.tensor("prompt.B"));
+}
+
+std::string restyle(const std::string& extra = "") {
+  return "videorestyle name=r model=" + (data() / "causal" / "pipeline").string() +
+         " transformer-weights=" + (data() / "causal" / "causal-model.safetensors").string() + " seed=7 " + extra;
+}
+
+// 4 video frames per latent at 16 fps: a latent every 250 ms.
+constexpr GstClockTime kLatent = GST_SECOND / 4;
+const char* kCaps =
+    "video/x-latent,model=(string)wan2.1,format=(string)F32,channels=(int)16,width=(int)8,height=(int)6,"
+    "framerate=(fraction)4/1,temporal-factor=(int)4,spatial-factor=(int)8,video-width=(int)64,"
+    "video-height=(int)48,video-framerate=(fraction)16/1";
+
+// Queues the frames [T, C, h, w] in the appsrc named "in", stamped as vaeencode stamps them, then EOS.
+std::function<void(GstElement*)> feed(torch::Tensor frames, std::function<void(GstElement*)> more = {}) {
+  return [frames, more](GstElement* pipeline) {
+    GstElement* src = gst_bin_get_by_name(GST_BIN(pipeline), "in");
+    GstCaps* caps = gst_caps_from_string(kCaps);
+    g_object_set(src, "caps", caps, "format", GST_FORMAT_TIME, "max-bytes", guint64(0), nullptr);
+    gst_caps_unref(caps);
+    for (int64_t t = 0; t < frames.size(0); ++t) {
+      const torch::Tensor f = frames[t].contiguous();
+      GstBuffer* b = gst_buffer_new_memdup(f.data_ptr(), size_t(f.nbytes()));
+      GST_BUFFER_PTS(b) = GstClockTime(t) * kLatent;
+      GST_BUFFER_DURATION(b) = kLatent;
+      GST_BUFFER_OFFSET(b) = t == 0 ? 0 : 1 + 4 * (t - 1);
+      GST_BUFFER_OFFSET_END(b) = 1 + 4 * t;
+      fail_unless_equals_int(gst_app_src_push_buffer(GST_APP_SRC(src), b), GST_FLOW_OK);
+    }
+    gst_app_src_end_of_stream(GST_APP_SRC(src));
+    gst_object_unref(src);
+    if (more) more(pipeline);
+  };
+}
+
+torch::Tensor got(const Out& out) { return latent_test::stacked(out, kC, kH, kW)[0].transpose(0, 1); }  // [T, C, h, w]
+
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max()).item<double>();
+}
+
+}  // namespace
+
+// Raw encoder means in, as StreamDiffusionV2's loop takes them: its outputs, each with the timestamps of the
+// frame it restyles.
+GST_START_TEST(test_restyle_equals_streamdiffusionv2) {
+  Out out;
+  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
+                   [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                     feed(raw_input())(p);
+                   });
+  fail_unless(out.error.empty(), "%s", out.error.c_str());
+  fail_unless_equals_int(out.buffers.size(), 14);
+  const double err = rel(got(out), want());
+  GST_INFO("relative error %.3g", err);
+  fail_unless(err <= kTolerance, "relative error %g", err);
+  for (size_t i = 0; i < out.buffers.size(); ++i) {
+    fail_unless_equals_uint64(GST_BUFFER_PTS(out.buffers[i]), i * kLatent);
+    fail_unless_equals_uint64(GST_BUFFER_OFFSET_END(out.buffers[i]), 1 + 4 * i);
+  }
+}
+GST_END_TEST;
+
+// The project's latents are normalised (vaeencode's diffusion space): raw-input (the default) makes them the raw
+// means the checkpoints take, so the chain gives the reference's frames.
+GST_START_TEST(test_normalised_latents_are_made_raw) {
+  const latent::LatentStatistics s = latent::published_latent_statistics("wan2.1");
+  const torch::Tensor mean = torch::tensor(s.mean, torch::kDouble).to(torch::kFloat).view({1, -1, 1, 1});
+  const torch::Tensor std = torch::tensor(s.std, torch::kDouble).to(torch::kFloat).view({1, -1, 1, 1});
+  const torch::Tensor normalised = (raw_input() - mean) / std;
+  Out out;
+  latent_test::run("appsrc name=in ! " + restyle() + " ! appsink name=out", out, 120 * GST_SECOND,
+                   [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                     feed(normalised)(p);
+                   });
+  fail_unless(out.error.empty(), "%s", out.error.c_str());
+  const double err = rel(got(out), want());
+  fail_unless(err <= kTolerance, "relative error %g", err);
+  // And the test can fail: the same latents passed as they come are another input.
+  Out plain;
+  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", plain, 120 * GST_SECOND,
+                   [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                     feed(normalised)(p);
+                   });
+  fail_unless(rel(got(plain), want()) > 1e-2);
+}
+GST_END_TEST;
+
+// Downstream's QoS says outputs before 2 s are late: the frames whose output would be late are skipped (never the
+// first two), each with a QoS message, and the rest come out.
+GST_START_TEST(test_late_frames_are_skipped) {
+  for (const bool qos : {true, false}) {
+    Out out;
+    guint64 dropped = 0;
+    GstElement* r = nullptr;
+    latent_test::run(
+        "appsrc name=in ! " + restyle(qos ? "" : "qos=false") + " raw-input=false ! appsink name=out", out,
+        120 * GST_SECOND, [&](GstElement* p) {
+          r = gst_bin_get_by_name(GST_BIN(p), "r");
+          g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
+          // Before the first frame reaches it, as a sink's QoS would come.
+          GstPad* sink = gst_element_get_static_pad(r, "sink");
+          gst_pad_add_probe(
+              sink, GST_PAD_PROBE_TYPE_BUFFER,
+              [](GstPad*, GstPadProbeInfo*, gpointer e) {
+                GstPad* src = gst_element_get_static_pad(GST_ELEMENT(e), "src");
+                gst_pad_send_event(src, gst_event_new_qos(GST_QOS_TYPE_UNDERFLOW, 1.0, 0, 2 * GST_SECOND));
+                gst_object_unref(src);
+                return GST_PAD_PROBE_REMOVE;
+              },
+              r, nullptr);
+          gst_object_unref(sink);
+          feed(raw_input())(p);
+        });
+    fail_unless(out.error.empty(), "%s", out.error.c_str());
+    g_object_get(r, "dropped", &dropped, nullptr);
+    gst_object_unref(r);
+    if (!qos) {
+      fail_unless_equals_int(out.buffers.size(), 14);
+      fail_unless_equals_uint64(dropped, 0);
+      continue;
+    }
+    // Frames 2-7 end at or before 2 s.
+    fail_unless_equals_uint64(dropped, 6);
+    fail_unless_equals_int(out.buffers.size(), 8);
+    fail_unless_equals_uint64(GST_BUFFER_PTS(out.buffers[1]), kLatent);
+    fail_unless_equals_uint64(GST_BUFFER_PTS(out.buffers[2]), 8 * kLatent);
+  }
+}
+GST_END_TEST;
+
+// A prompt set while playing lands at a frame (a latent-prompt tag marks it): the frames made before it are the
+// old prompt's, the frames from it on differ.
+GST_START_TEST(test_prompt_set_while_playing_switches) {
+  struct Seen {
+    std::mutex mu;
+    size_t buffers = 0;
+    long tag_at = -1;
+  } seen;
+  Out out;
+  latent_test::run(
+      "appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
+      [&](GstElement* p) {
+        GstElement* r = gst_bin_get_by_name(GST_BIN(p), "r");
+        g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
+        GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
+        GstPad* pad = gst_element_get_static_pad(sink, "sink");
+        gst_pad_add_probe(
+            pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM),
+            [](GstPad*, GstPadProbeInfo* info, gpointer d) {
+              auto* s = static_cast<Seen*>(d);
+              std::lock_guard<std::mutex> lock(s->mu);
+              if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
+                s->buffers++;
+              } else if (GstEvent* e = GST_PAD_PROBE_INFO_EVENT(info); GST_EVENT_TYPE(e) == GST_EVENT_TAG) {
+                GstTagList* tags;
+                gst_event_parse_tag(e, &tags);
+                gchar* label = nullptr;
+                if (gst_tag_list_get_string(tags, "latent-prompt", &label) && s->tag_at < 0) s->tag_at = long(s->buffers);
+                g_free(label);
+              }
+              return GST_PAD_PROBE_OK;
+            },
+            &seen, nullptr);
+        gst_object_unref(pad);
+        gst_object_unref(sink);
+        // At the fourth frame, from the streaming thread (as an application's would come from any thread); the
+        // worker delivers it while the frame is made.
+        GstPad* in = gst_element_get_static_pad(r, "sink");
+        static std::string b;
+        b = prompt_b();
+        gst_pad_add_probe(
+            in, GST_PAD_PROBE_TYPE_BUFFER,
+            [](GstPad* pad, GstPadProbeInfo*, gpointer) {
+              static int n = 0;
+              if (++n != 4) return GST_PAD_PROBE_OK;
+              GstElement* e = gst_pad_get_parent_element(pad);
+              g_object_set(e, "prompt-embeds", b.c_str(), nullptr);
+              gst_object_unref(e);
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+              return GST_PAD_PROBE_REMOVE;
+            },
+            nullptr, nullptr);
+        gst_object_unref(in);
+        gst_object_unref(r);
+        feed(raw_input())(p);
+      });
+  fail_unless(out.error.empty(), "%s", out.error.c_str());
+  fail_unless_equals_int(out.buffers.size(), 14);
+  fail_unless(seen.tag_at >= 2 && seen.tag_at < 13, "the switch landed at output %ld", seen.tag_at);
+  const torch::Tensor g = got(out), w = want();
+  // A frame is made over two calls: the ones done before the frame that took the switch are the old prompt's.
+  for (long f = 0; f + 1 < seen.tag_at; ++f) fail_unless(rel(g[f], w[f]) <= kTolerance, "frame %ld changed", f);
+  for (long f = seen.tag_at; f < 14; ++f) fail_unless(rel(g[f], w[f]) > 1e-3, "frame %ld is the old prompt's", f);
+}
+GST_END_TEST;
+
+// Latents of another latent space are refused at negotiation, naming both.
+GST_START_TEST(test_other_latents_are_refused) {
+  Out out;
+  latent_test::run("appsrc name=in caps=\"video/x-latent,model=(string)wan2.2,format=(string)F32,channels=(int)48,"
+                   "width=(int)8,height=(int)6,framerate=(fraction)4/1,temporal-factor=(int)4,"
+                   "spatial-factor=(int)16,video-width=(int)128,video-height=(int)96,video-framerate=(fraction)16/1\" ! " +
+                       restyle() + " ! appsink name=out",
+                   out, 60 * GST_SECOND, [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                     GstElement* src = gst_bin_get_by_name(GST_BIN(p), "in");
+                     GstBuffer* b = gst_buffer_new_allocate(nullptr, 48 * 6 * 8 * 4, nullptr);
+                     gst_buffer_memset(b, 0, 0, 48 * 6 * 8 * 4);
+                     gst_app_src_push_buffer(GST_APP_SRC(src), b);
+                     gst_app_src_end_of_stream(GST_APP_SRC(src));
+                     gst_object_unref(src);
+                   });
+  fail_unless(out.error.find("wan2.2") != std::string::npos && out.error.find("wan2.1") != std::string::npos,
+              "%s", out.error.c_str());
+}
+GST_END_TEST;
+
+// No prompt, a bad step list, a folder without a causal model: refused by name before any data flows.
+GST_START_TEST(test_bad_settings_are_refused) {
+  const auto error_of = [](const std::string& extra, bool with_prompt) {
+    Out out;
+    latent_test::run("appsrc name=in ! " + restyle(extra) + " ! appsink name=out", out, 30 * GST_SECOND,
+                     [&](GstElement* p) {
+                       if (with_prompt)
+                         g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(),
+                                      nullptr);
+                       feed(raw_input().narrow(0, 0, 3))(p);
+                     });
+    return out.error;
+  };
+  fail_unless(error_of("", false).find("prompt") != std::string::npos);
+  fail_unless(error_of("denoising-steps=700,x", true).find("denoising-steps") != std::string::npos);
+  fail_unless(error_of("denoising-steps=1000,500", true).find("denoising_steps") != std::string::npos);
+  fail_unless(error_of("kv-window=3", true).find("kv_window") != std::string::npos);
+}
+GST_END_TEST;
+
+// A camera-like chain, frames in == frames out: videotestsrc through TAEHV's taew2_1 (random weights) both ways.
+GST_START_TEST(test_video_chain_keeps_every_frame) {
+  const std::string taew = std::string(g_getenv("LATENT_TAEHV_FIXTURES")) + "/taew2_1.pth";
+  Out out;
+  latent_test::run("videotestsrc num-buffers=21 pattern=ball ! video/x-raw,width=64,height=48,framerate=16/1 ! "
+                   "videoconvert ! vaeencode model=" +
+                       taew + " ! " + restyle() + " ! vaedecode model=" + taew + " ! appsink name=out",
+                   out, 120 * GST_SECOND, [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                   });
+  fail_unless(out.error.empty(), "%s", out.error.c_str());
+  fail_unless_equals_int(out.buffers.size(), 21);
+  for (size_t i = 0; i < out.buffers.size(); ++i)
+    fail_unless_equals_uint64(GST_BUFFER_PTS(out.buffers[i]), gst_util_uint64_scale(i, GST_SECOND, 16));
+}
+GST_END_TEST;
+
+void add_restyle_tests(Suite* s) {
+  TCase* tc = tcase_create("restyle");
+  tcase_set_timeout(tc, 300);
+  suite_add_tcase(s, tc);
+  tcase_add_test(tc, test_restyle_equals_streamdiffusionv2);
+  tcase_add_test(tc, test_normalised_latents_are_made_raw);
+  tcase_add_test(tc, test_late_frames_are_skipped);
+  tcase_add_test(tc, test_prompt_set_while_playing_switches);
+  tcase_add_test(tc, test_other_latents_are_refused);
+  tcase_add_test(tc, test_bad_settings_are_refused);
+  const char* taehv = g_getenv("LATENT_TAEHV_FIXTURES");
+  if (taehv && fs::exists(fs::path(taehv) / "stamp"))
+    tcase_add_test(tc, test_video_chain_keeps_every_frame);
+  else
+    latent_test::skip_missing("no TAEHV fixtures (LATENT_TAEHV_FIXTURES unset: a build without the .venv)");
+}
