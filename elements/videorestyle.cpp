@@ -336,11 +336,16 @@ bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
     s.raw_mean = s.raw_std = torch::Tensor();
     if (settings.raw_input) {
       const latent::LatentStatistics stats = latent::published_latent_statistics(info->model);
+      if (int64_t(stats.mean.size()) != info->channels)
+        throw std::invalid_argument("raw-input: the published statistics of '" + info->model + "' have " +
+                                    std::to_string(stats.mean.size()) + " channels, the latents " +
+                                    std::to_string(info->channels) + " (set raw-input=false)");
       s.raw_mean = torch::tensor(stats.mean, torch::kDouble).to(torch::kFloat).view({-1, 1, 1});
       s.raw_std = torch::tensor(stats.std, torch::kDouble).to(torch::kFloat).view({-1, 1, 1});
     }
     s.restyler = std::make_unique<latent::Restyler>(s.denoiser, restyle_options(settings, s.text));
   } catch (const std::exception& e) {
+    // e.g. raw-input for latents of a space without published statistics
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot restyle with these settings: %s", e.what()),
                       ("model %s", s.model_path.c_str()));
     return false;

@@ -32,8 +32,15 @@ if [ -n "$pipelines" ] && [ -f "$pipelines/stamp" ]; then
   timeout 120 "$src/examples/live-generate.sh" "$pipelines/wan" "a red fox running through snow" \
     "fakesink num-buffers=6" width=96 height=64 kv-window=6 >"$dir/causal.log" 2>&1 \
     || { cat "$dir/causal.log"; echo "FAIL: live-generate.sh"; exit 1; }
+  # Live video-to-video from the same folder (its random transformer run causally): 9 frames of videotestsrc
+  # restyled, every frame back out (9 RGB frames of 96 x 64 in the file).
+  timeout 120 "$src/examples/live-restyle.sh" "$pipelines/wan" "oil painting" "videotestsrc num-buffers=9" \
+    "video/x-raw,format=RGB ! filesink location=$dir/restyled.rgb" "$pipelines/wan/vae" 96x64 >"$dir/restyle.log" \
+    2>&1 || { cat "$dir/restyle.log"; echo "FAIL: live-restyle.sh"; exit 1; }
+  n=$(stat -c %s "$dir/restyled.rgb")
+  [ "$n" -eq $((9 * 96 * 64 * 3)) ] || { echo "FAIL: live-restyle.sh wrote $n bytes, 9 frames expected"; exit 1; }
 else
-  echo "SKIP: text-to-mp4.sh and live-generate.sh (no pipeline fixtures: a build without the .venv)"
+  echo "SKIP: text-to-mp4.sh, live-generate.sh and live-restyle.sh (no pipeline fixtures: a build without the .venv)"
 fi
 # A live source never ends by itself: the sink stops after 6 frames and the script must then exit cleanly.
 timeout 120 "$src/examples/round-trip-to-screen.sh" "$model" "fakesink num-buffers=6" >"$dir/live.log" 2>&1 \
