@@ -375,6 +375,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
+      opt.decodable_tail = true;  // frames in == frames out through vaedecode, TAEHV too
       opt.tile = latent::gst::tile_options(s.tile_size, s.tile_overlap);
       opt.bands = latent::gst::band_options(s.band_height, s.max_memory);
       const latent::gst::ModelSettings settings = s.settings;

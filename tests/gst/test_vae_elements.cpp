@@ -331,6 +331,14 @@ GST_START_TEST(test_taehv_codes_wan21_latents) {
   fail_unless(frames.error.empty(), "%s", frames.error.c_str());
   fail_unless_equals_int(frames.buffers.size(), 9);
   fail_unless_equals_int(caps_int(frames.caps, "width"), 32);
+  // Frames in == frames out for any length: vaeencode ends a clip with the latents the decoder needs (the
+  // reference's ceil(N / 4) latents would give 4 ceil(N / 4) - 3 frames: 5 of 8, 9 of 10).
+  for (int n : {8, 10}) {
+    Out clip;
+    run(src(n, 32, 32) + "vaeencode model=" + taew + " ! vaedecode model=" + taew + " ! appsink name=out", clip);
+    fail_unless(clip.error.empty(), "%s", clip.error.c_str());
+    fail_unless_equals_int(clip.buffers.size(), n);
+  }
   Out refused;  // the test Wan 2.1 VAE has 8 latent channels
   run(src(5, 32, 32) + "vaeencode model=" + taew + " ! vaedecode model=" + fixtures() + "/wan ! appsink name=out",
       refused);

@@ -133,6 +133,7 @@ void StreamingEncoder::reset() {
   // After the caches that live in it: the old heap's mappings go back to the system at once.
   if (!shared_heap_) heap_ = ActivationHeap::for_device(vae_->device());
   pending_count_ = frames_in_ = frames_coded_ = latents_out_ = 0;
+  last_frame_ = Tensor();
   width_ = height_ = 0;
   band_first_ = band_rows_ = 0;
   generator_ = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
@@ -264,6 +265,7 @@ EncodedLatents StreamingEncoder::push(const Tensor& frames) {
   pending_.push_back(x);
   pending_count_ += x.size(2);
   frames_in_ += x.size(2);
+  if (options_.decodable_tail) last_frame_ = x.slice(2, x.size(2) - 1).clone();
   for (int64_t n; (n = next_chunk_frames()) > 0;) append(out, encode(take_pending(n), n));
   return out;
 }
@@ -272,17 +274,22 @@ EncodedLatents StreamingEncoder::finish() {
   c10::InferenceMode inference;
   c10::DeviceGuard device(vae_->device());
   EncodedLatents out;
-  if (pending_count_ > 0) {
-    const ChunkRule& r = vae_->spec().encode_chunks;
-    const int64_t tf = vae_->spec().temporal_factor;
-    Tensor rest = take_pending(pending_count_);
+  const ChunkRule& r = vae_->spec().encode_chunks;
+  const int64_t tf = vae_->spec().temporal_factor;
+  // The padded frames the clip's end needs so that its latents decode to every frame (decodable_tail).
+  const int64_t decodable = options_.decodable_tail && r.first == r.step && frames_in_ > 0
+                                ? tf * (1 + (frames_in_ - 1 + tf - 1) / tf) - frames_coded_
+                                : 0;
+  if (pending_count_ > 0 || decodable > 0) {
+    const int64_t have = pending_count_;
+    Tensor rest = have > 0 ? take_pending(have) : last_frame_;
     if (frames_coded_ == 0 && r.first != r.step) {
       // A clip shorter than the first chunk is coded as one chunk of 1 + k*tf frames, as the reference does. (A
       // family whose first chunk is an ordinary step, TAEHV, pads to whole steps below instead.)
       const int64_t n = rest.size(2), target = 1 + (n - 1 + tf - 1) / tf * tf;
       append(out, encode(repeat_last_frame(rest, target), target));
     } else {
-      const int64_t target = (rest.size(2) + r.step - 1) / r.step * r.step;
+      const int64_t target = std::max((have + r.step - 1) / r.step * r.step, decodable);
       pending_.push_back(repeat_last_frame(rest, target));
       pending_count_ = target;
       for (int64_t n; (n = next_chunk_frames()) > 0;) append(out, encode(take_pending(n), n));

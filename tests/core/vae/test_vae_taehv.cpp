@@ -158,6 +158,29 @@ TEST(TaehvVae, RoundTripKeepsFrameCounts) {
   }
 }
 
+// vaeencode's setting: the clip ends with the latents a decoder needs to give every frame back (the Wan count,
+// 1 + ceil((N - 1) / 4)), the latents before the padding one the reference's, whatever the pushes.
+TEST(TaehvVae, DecodableTailGivesEveryFrameBack) {
+  REQUIRE_TAEHV_FIXTURES();
+  auto vae = model("taew2_1");
+  const torch::Tensor clip = torch::rand({13, 3, 16, 16}).mul(2).sub(1);
+  EncoderOptions opt;
+  opt.decodable_tail = true;
+  for (int64_t n : {1, 4, 5, 8, 10, 11}) {
+    const torch::Tensor frames = clip.slice(0, 0, n);
+    const EncodedLatents plain = encode_all(vae, frames, 1000);
+    for (int64_t step : {1, 1000}) {
+      const EncodedLatents enc = encode_all(vae, frames, step, opt);
+      const int64_t wan = 1 + (n - 1 + 3) / 4;
+      ASSERT_EQ(enc.latents.size(0), wan) << n << " frames, pushes of " << step;
+      EXPECT_LE((enc.latents.slice(0, 0, plain.latents.size(0)) - plain.latents).abs().max().item<double>(), 1e-5)
+          << n << " frames, pushes of " << step;
+      const torch::Tensor out = decode_all(vae, enc.latents, enc.real_frames);
+      EXPECT_EQ(out.size(0), n) << n << " frames, pushes of " << step;
+    }
+  }
+}
+
 TEST(TaehvVae, PthAndSafetensorsLoadTheSame) {
   REQUIRE_TAEHV_FIXTURES();
   for (const char* name : kModels) {

@@ -85,6 +85,12 @@ struct EncoderOptions {
   // Spatial tiles (open_encoder() only). Tiled encoding gives the posterior mean; `sample` is refused with it.
   TileOptions tile;
   BandOptions bands;
+  // Pad a clip's end so that its latents decode to all of its frames. For a family whose first chunk is a whole
+  // step (TAEHV) the reference's ceil(N / 4) latents decode to 4 ceil(N / 4) - 3 frames, fewer than N unless N =
+  // 4k + 1; with this the clip ends with one latent more where needed, coding copies of the last frame, so it has
+  // the Wan count, 1 + ceil((N - 1) / 4), and a decoder gives N frames back. The latents before it are the
+  // reference's. Other families already end so.
+  bool decodable_tail = false;
 };
 
 // A stream of frames in, latents out: one device (StreamingEncoder) or a patch-parallel group of threads
@@ -147,6 +153,7 @@ class StreamingEncoder : public EncoderStream {
   std::vector<torch::Tensor> pending_;    // [1, C, t, H, W] pieces
   int64_t pending_count_ = 0;
   int64_t frames_in_ = 0;     // real frames accepted since reset
+  torch::Tensor last_frame_;  // with decodable_tail: the clip's last frame, [1, C, 1, H, W], for its padding
   int64_t frames_coded_ = 0;  // frames (real or padding) sent through the model
   int64_t latents_out_ = 0;
   int64_t width_ = 0, height_ = 0;
