@@ -17,7 +17,7 @@ import sys
 import time
 
 from . import (causal_generation, flops, generation, models, native_generation, parallel_generation, report,
-               spatial)
+               spatial, taehv_bench)
 from .measure import TOP, Runner, describe, log, machine_info
 
 
@@ -232,6 +232,9 @@ def main(argv=None):
     g.add_argument("--gpu", action="store_const", dest="mode", const="gpu", help="CUDA, bf16, full-size clips")
     g.add_argument("--default-model", action="store_const", dest="mode", const="default",
                    help="the embedded default model at the demo's 320x176")
+    g.add_argument("--taehv", action="store_const", dest="mode", const="taehv",
+                   help="TAEHV's tiny decoder against the Wan 2.1 VAE's and taehv.py eager, CPU (--reference-dir, "
+                        "--taehv-weights, --size 176x320 or 480x832)")
     g.add_argument("--generate", action="store_const", dest="mode", const="generate",
                    help="video generation (default generator and VAE) next to eager PyTorch; --frames sets the "
                         "lengths of its memory sweep in latents (default 100 500 2000)")
@@ -268,6 +271,8 @@ def main(argv=None):
                         "against one device on the same work: cfg 2 (guided native Wan clip), Ulysses (unguided "
                         "clip) and fifo partitions (default generator); time per step, peak RSS, latents compared, "
                         "bytes exchanged per step")
+    p.add_argument("--taehv-weights", default="",
+                   help="--taehv: the taew2_1 file the engine and taehv.py load (default: the tests' random one)")
     p.add_argument("--spatial", action="store_true",
                    help="with --memory: instead, exact spatial bands of the Wan family at large frame sizes: for each "
                         "size (--resolutions) and model (--spatial-models), encode and decode of --frames (default "
@@ -344,6 +349,11 @@ def main(argv=None):
         p.error(f"--model {args.model} is not a model of --{'causal' if args.causal else 'native'}")
     causal_only = (args.reference_dir, args.blocks, args.kv_window is not None, args.sink is not None,
                    args.denoising_steps)
+    if mode_name == "taehv":
+        if args.render:
+            with open(args.render) as f:
+                return taehv_bench.render(json.load(f), args.out)
+        return taehv_bench.run(args, build_latent_bench(args), args.out)
     if any(causal_only) and not args.causal:
         p.error("--reference-dir, --blocks, --kv-window, --sink and --denoising-steps go with --generate --causal")
     if args.spatial:
