@@ -237,8 +237,9 @@ GST_START_TEST(test_prompt_set_while_playing_switches) {
             &seen, nullptr);
         gst_object_unref(pad);
         gst_object_unref(sink);
-        // At the fourth frame, from the streaming thread (as an application's would come from any thread); the
-        // worker delivers it while the frame is made.
+        // At the fourth frame, from the streaming thread (as an application's would come from any thread). The
+        // worker delivers it while frames go on: each later frame waits 40 ms, so a slow machine still gives it
+        // the rest of the stream (400 ms) to land.
         GstPad* in = gst_element_get_static_pad(r, "sink");
         static std::string b;
         b = prompt_b();
@@ -246,12 +247,13 @@ GST_START_TEST(test_prompt_set_while_playing_switches) {
             in, GST_PAD_PROBE_TYPE_BUFFER,
             [](GstPad* pad, GstPadProbeInfo*, gpointer) {
               static int n = 0;
-              if (++n != 4) return GST_PAD_PROBE_OK;
-              GstElement* e = gst_pad_get_parent_element(pad);
-              g_object_set(e, "prompt-embeds", b.c_str(), nullptr);
-              gst_object_unref(e);
-              std::this_thread::sleep_for(std::chrono::milliseconds(100));
-              return GST_PAD_PROBE_REMOVE;
+              if (++n == 4) {
+                GstElement* e = gst_pad_get_parent_element(pad);
+                g_object_set(e, "prompt-embeds", b.c_str(), nullptr);
+                gst_object_unref(e);
+              }
+              if (n >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(40));
+              return GST_PAD_PROBE_OK;
             },
             nullptr, nullptr);
         gst_object_unref(in);
