@@ -70,11 +70,11 @@ struct Impl {
   std::shared_ptr<const latent::Denoiser> denoiser;
   std::string model_path;
   latent::LoadOptions model_options;
-  torch::Tensor text;      // the embeddings the next stream starts with
-  std::string text_key;    // what they were made from
+  torch::Tensor text;    // the embeddings the next stream starts with
+  std::string text_key;  // what they were made from
   std::unique_ptr<latent::Restyler> restyler;
   std::optional<LatentCapsInfo> in;
-  torch::Tensor raw_mean, raw_std;  // [C, 1, 1] where raw-input converts, else undefined
+  torch::Tensor raw_mean, raw_std;      // [C, 1, 1] where raw-input converts, else undefined
   std::deque<LatentFrameStamp> stamps;  // of the frames in flight, from restyler index stamps_base
   int64_t stamps_base = 0;
   latent::gst::HeldEvents held;
@@ -129,7 +129,8 @@ latent::RestyleOptions restyle_options(const Settings& s, const torch::Tensor& t
 torch::Tensor read_prompt_embeds(const std::string& path) {
   latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
   if (!file.contains("prompt_embeds"))
-    throw std::invalid_argument("prompt-embeds file " + path + " has no tensor \"prompt_embeds\" (write it with "
+    throw std::invalid_argument("prompt-embeds file " + path +
+                                " has no tensor \"prompt_embeds\" (write it with "
                                 "latent-prompt)");
   return file.tensor("prompt_embeds").to(torch::kFloat).clone();
 }
@@ -191,9 +192,8 @@ GstFlowReturn push_frames(GstVideoRestyle* self, std::vector<latent::RestyledFra
     }
     if (!s.stamps.empty() && s.stamps_base == f.index) stamp = s.stamps.front();
     s.held.release_before(self->srcpad, uint64_t(f.index) + 1);
-    const torch::Tensor frame = f.latent.reshape({s.in->channels, s.in->height, s.in->width})
-                                    .to(torch::kCPU, s.in->scalar_type())
-                                    .contiguous();
+    const torch::Tensor frame =
+        f.latent.reshape({s.in->channels, s.in->height, s.in->width}).to(torch::kCPU, s.in->scalar_type()).contiguous();
     GstBuffer* buf = latent::gst::buffer_wrapping_tensor(frame);
     latent::gst::apply_stamp(buf, stamp);
     if (s.discont) {
@@ -213,7 +213,8 @@ GstFlowReturn drain(GstVideoRestyle* self) {
   GstFlowReturn ret = GST_FLOW_OK;
   if (s.restyler && s.restyler->frames_in() > 0) {
     std::vector<latent::RestyledFrame> rest;
-    if (latent::gst::guarded(GST_ELEMENT(self), "restyling the end of the stream", [&] { rest = s.restyler->finish(); }))
+    if (latent::gst::guarded(GST_ELEMENT(self), "restyling the end of the stream",
+                             [&] { rest = s.restyler->finish(); }))
       ret = push_frames(self, std::move(rest));
     else
       ret = GST_FLOW_ERROR;
@@ -293,8 +294,10 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   try {
     take_switched_prompt(self);
     torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).to(torch::kFloat);
-    if (s.raw_mean.defined()) z = z * s.raw_std + s.raw_mean;  // a copy, so the buffer can go back upstream
-    else z = z.clone();
+    if (s.raw_mean.defined())
+      z = z * s.raw_std + s.raw_mean;  // a copy, so the buffer can go back upstream
+    else
+      z = z.clone();
     map.release();
     buf.reset();
     const auto t0 = std::chrono::steady_clock::now();
@@ -418,8 +421,9 @@ gboolean src_event(GstPad* pad, GstObject* parent, GstEvent* event) {
     GstClockTime timestamp;
     gst_event_parse_qos(event, &type, &proportion, &diff, &timestamp);
     std::lock_guard<std::mutex> lock(s.qos_lock);
-    s.earliest = GST_CLOCK_TIME_IS_VALID(timestamp) ? GstClockTime(std::max<GstClockTimeDiff>(0, GstClockTimeDiff(timestamp) + diff))
-                                                    : GST_CLOCK_TIME_NONE;
+    s.earliest = GST_CLOCK_TIME_IS_VALID(timestamp)
+                     ? GstClockTime(std::max<GstClockTimeDiff>(0, GstClockTimeDiff(timestamp) + diff))
+                     : GST_CLOCK_TIME_NONE;
   }
   return gst_pad_event_default(pad, parent, event);
 }
@@ -444,9 +448,8 @@ void switch_prompt_while_playing(GstVideoRestyle* self) {
     options.device = s.model_options.device;
     options.dtype = s.model_options.dtype;
     const std::string model = s.model_path, prompt = *settings.prompt;
-    s.switcher->submit(prompt, [=] {
-      return latent::encode_prompts(model, prompt, std::nullopt, options).prompt.to(torch::kFloat);
-    });
+    s.switcher->submit(
+        prompt, [=] { return latent::encode_prompts(model, prompt, std::nullopt, options).prompt.to(torch::kFloat); });
   } else if (!settings.prompt_embeds.empty()) {
     const std::string path = settings.prompt_embeds;
     s.switcher->submit(path, [=] { return read_prompt_embeds(path); });
@@ -631,8 +634,8 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
                           nullptr, ready));
   g_object_class_install_property(
       gobject, PROP_LORA,
-      g_param_spec_string("lora", "LoRA", "LoRA files merged into the transformer at load: \"FILE:SCALE,...\"",
-                          nullptr, ready));
+      g_param_spec_string("lora", "LoRA", "LoRA files merged into the transformer at load: \"FILE:SCALE,...\"", nullptr,
+                          ready));
   g_object_class_install_property(
       gobject, PROP_PROMPT,
       g_param_spec_string("prompt", "Prompt",
@@ -693,12 +696,12 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
                            TRUE, GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING)));
   g_object_class_install_property(
       gobject, PROP_LATENTS_IN,
-      g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64,
-                          0, ro));
+      g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
       gobject, PROP_LATENTS_OUT,
-      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64,
-                          0, ro));
+      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
+                          ro));
   g_object_class_install_property(
       gobject, PROP_DROPPED,
       g_param_spec_uint64("dropped", "Dropped", "Input frames skipped because their output would be late (qos)", 0,
@@ -735,9 +738,8 @@ static void gst_video_restyle_init(GstVideoRestyle* self) {
         impl->next_label = label;
       },
       [self](const std::string& label, const std::string& error) {
-        GST_ELEMENT_WARNING(self, RESOURCE, OPEN_READ, ("Cannot switch the prompt to '%s': %s", label.c_str(),
-                                                        error.c_str()),
-                            (nullptr));
+        GST_ELEMENT_WARNING(self, RESOURCE, OPEN_READ,
+                            ("Cannot switch the prompt to '%s': %s", label.c_str(), error.c_str()), (nullptr));
       });
   auto* klass = GST_ELEMENT_GET_CLASS(self);
   self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");

@@ -140,11 +140,10 @@ GST_START_TEST(test_normalised_latents_are_made_raw) {
   const torch::Tensor std = torch::tensor(s.std, torch::kDouble).to(torch::kFloat).view({1, -1, 1, 1});
   const torch::Tensor normalised = (raw_input() - mean) / std;
   Out out;
-  latent_test::run("appsrc name=in ! " + restyle() + " ! appsink name=out", out, 120 * GST_SECOND,
-                   [&](GstElement* p) {
-                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                     feed(normalised)(p);
-                   });
+  latent_test::run("appsrc name=in ! " + restyle() + " ! appsink name=out", out, 120 * GST_SECOND, [&](GstElement* p) {
+    g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+    feed(normalised)(p);
+  });
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   const double err = rel(got(out), want());
   fail_unless(err <= kTolerance, "relative error %g", err);
@@ -166,25 +165,24 @@ GST_START_TEST(test_late_frames_are_skipped) {
     Out out;
     guint64 dropped = 0;
     GstElement* r = nullptr;
-    latent_test::run(
-        "appsrc name=in ! " + restyle(qos ? "" : "qos=false") + " raw-input=false ! appsink name=out", out,
-        120 * GST_SECOND, [&](GstElement* p) {
-          r = gst_bin_get_by_name(GST_BIN(p), "r");
-          g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
-          // Before the first frame reaches it, as a sink's QoS would come.
-          GstPad* sink = gst_element_get_static_pad(r, "sink");
-          gst_pad_add_probe(
-              sink, GST_PAD_PROBE_TYPE_BUFFER,
-              [](GstPad*, GstPadProbeInfo*, gpointer e) {
-                GstPad* src = gst_element_get_static_pad(GST_ELEMENT(e), "src");
-                gst_pad_send_event(src, gst_event_new_qos(GST_QOS_TYPE_UNDERFLOW, 1.0, 0, 2 * GST_SECOND));
-                gst_object_unref(src);
-                return GST_PAD_PROBE_REMOVE;
-              },
-              r, nullptr);
-          gst_object_unref(sink);
-          feed(raw_input())(p);
-        });
+    latent_test::run("appsrc name=in ! " + restyle(qos ? "" : "qos=false") + " raw-input=false ! appsink name=out", out,
+                     120 * GST_SECOND, [&](GstElement* p) {
+                       r = gst_bin_get_by_name(GST_BIN(p), "r");
+                       g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
+                       // Before the first frame reaches it, as a sink's QoS would come.
+                       GstPad* sink = gst_element_get_static_pad(r, "sink");
+                       gst_pad_add_probe(
+                           sink, GST_PAD_PROBE_TYPE_BUFFER,
+                           [](GstPad*, GstPadProbeInfo*, gpointer e) {
+                             GstPad* src = gst_element_get_static_pad(GST_ELEMENT(e), "src");
+                             gst_pad_send_event(src, gst_event_new_qos(GST_QOS_TYPE_UNDERFLOW, 1.0, 0, 2 * GST_SECOND));
+                             gst_object_unref(src);
+                             return GST_PAD_PROBE_REMOVE;
+                           },
+                           r, nullptr);
+                       gst_object_unref(sink);
+                       feed(raw_input())(p);
+                     });
     fail_unless(out.error.empty(), "%s", out.error.c_str());
     g_object_get(r, "dropped", &dropped, nullptr);
     gst_object_unref(r);
@@ -211,55 +209,56 @@ GST_START_TEST(test_prompt_set_while_playing_switches) {
     long tag_at = -1;
   } seen;
   Out out;
-  latent_test::run(
-      "appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
-      [&](GstElement* p) {
-        GstElement* r = gst_bin_get_by_name(GST_BIN(p), "r");
-        g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
-        GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
-        GstPad* pad = gst_element_get_static_pad(sink, "sink");
-        gst_pad_add_probe(
-            pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM),
-            [](GstPad*, GstPadProbeInfo* info, gpointer d) {
-              auto* s = static_cast<Seen*>(d);
-              std::lock_guard<std::mutex> lock(s->mu);
-              if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
-                s->buffers++;
-              } else if (GstEvent* e = GST_PAD_PROBE_INFO_EVENT(info); GST_EVENT_TYPE(e) == GST_EVENT_TAG) {
-                GstTagList* tags;
-                gst_event_parse_tag(e, &tags);
-                gchar* label = nullptr;
-                if (gst_tag_list_get_string(tags, "latent-prompt", &label) && s->tag_at < 0) s->tag_at = long(s->buffers);
-                g_free(label);
-              }
-              return GST_PAD_PROBE_OK;
-            },
-            &seen, nullptr);
-        gst_object_unref(pad);
-        gst_object_unref(sink);
-        // At the fourth frame, from the streaming thread (as an application's would come from any thread). The
-        // worker delivers it while frames go on: each later frame waits 40 ms, so a slow machine still gives it
-        // the rest of the stream (400 ms) to land.
-        GstPad* in = gst_element_get_static_pad(r, "sink");
-        static std::string b;
-        b = prompt_b();
-        gst_pad_add_probe(
-            in, GST_PAD_PROBE_TYPE_BUFFER,
-            [](GstPad* pad, GstPadProbeInfo*, gpointer) {
-              static int n = 0;
-              if (++n == 4) {
-                GstElement* e = gst_pad_get_parent_element(pad);
-                g_object_set(e, "prompt-embeds", b.c_str(), nullptr);
-                gst_object_unref(e);
-              }
-              if (n >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(40));
-              return GST_PAD_PROBE_OK;
-            },
-            nullptr, nullptr);
-        gst_object_unref(in);
-        gst_object_unref(r);
-        feed(raw_input())(p);
-      });
+  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
+                   [&](GstElement* p) {
+                     GstElement* r = gst_bin_get_by_name(GST_BIN(p), "r");
+                     g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
+                     GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
+                     GstPad* pad = gst_element_get_static_pad(sink, "sink");
+                     gst_pad_add_probe(
+                         pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM),
+                         [](GstPad*, GstPadProbeInfo* info, gpointer d) {
+                           auto* s = static_cast<Seen*>(d);
+                           std::lock_guard<std::mutex> lock(s->mu);
+                           if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
+                             s->buffers++;
+                           } else if (GstEvent* e = GST_PAD_PROBE_INFO_EVENT(info);
+                                      GST_EVENT_TYPE(e) == GST_EVENT_TAG) {
+                             GstTagList* tags;
+                             gst_event_parse_tag(e, &tags);
+                             gchar* label = nullptr;
+                             if (gst_tag_list_get_string(tags, "latent-prompt", &label) && s->tag_at < 0)
+                               s->tag_at = long(s->buffers);
+                             g_free(label);
+                           }
+                           return GST_PAD_PROBE_OK;
+                         },
+                         &seen, nullptr);
+                     gst_object_unref(pad);
+                     gst_object_unref(sink);
+                     // At the fourth frame, from the streaming thread (as an application's would come from any thread).
+                     // The worker delivers it while frames go on: each later frame waits 40 ms, so a slow machine still
+                     // gives it the rest of the stream (400 ms) to land.
+                     GstPad* in = gst_element_get_static_pad(r, "sink");
+                     static std::string b;
+                     b = prompt_b();
+                     gst_pad_add_probe(
+                         in, GST_PAD_PROBE_TYPE_BUFFER,
+                         [](GstPad* pad, GstPadProbeInfo*, gpointer) {
+                           static int n = 0;
+                           if (++n == 4) {
+                             GstElement* e = gst_pad_get_parent_element(pad);
+                             g_object_set(e, "prompt-embeds", b.c_str(), nullptr);
+                             gst_object_unref(e);
+                           }
+                           if (n >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(40));
+                           return GST_PAD_PROBE_OK;
+                         },
+                         nullptr, nullptr);
+                     gst_object_unref(in);
+                     gst_object_unref(r);
+                     feed(raw_input())(p);
+                   });
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   fail_unless_equals_int(out.buffers.size(), 14);
   fail_unless(seen.tag_at >= 2 && seen.tag_at < 13, "the switch landed at output %ld", seen.tag_at);
@@ -273,21 +272,22 @@ GST_END_TEST;
 // Latents of another latent space are refused at negotiation, naming both.
 GST_START_TEST(test_other_latents_are_refused) {
   Out out;
-  latent_test::run("appsrc name=in caps=\"video/x-latent,model=(string)wan2.2,format=(string)F32,channels=(int)48,"
-                   "width=(int)8,height=(int)6,framerate=(fraction)4/1,temporal-factor=(int)4,"
-                   "spatial-factor=(int)16,video-width=(int)128,video-height=(int)96,video-framerate=(fraction)16/1\" ! " +
-                       restyle() + " ! appsink name=out",
-                   out, 60 * GST_SECOND, [&](GstElement* p) {
-                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                     GstElement* src = gst_bin_get_by_name(GST_BIN(p), "in");
-                     GstBuffer* b = gst_buffer_new_allocate(nullptr, 48 * 6 * 8 * 4, nullptr);
-                     gst_buffer_memset(b, 0, 0, 48 * 6 * 8 * 4);
-                     gst_app_src_push_buffer(GST_APP_SRC(src), b);
-                     gst_app_src_end_of_stream(GST_APP_SRC(src));
-                     gst_object_unref(src);
-                   });
-  fail_unless(out.error.find("wan2.2") != std::string::npos && out.error.find("wan2.1") != std::string::npos,
-              "%s", out.error.c_str());
+  latent_test::run(
+      "appsrc name=in caps=\"video/x-latent,model=(string)wan2.2,format=(string)F32,channels=(int)48,"
+      "width=(int)8,height=(int)6,framerate=(fraction)4/1,temporal-factor=(int)4,"
+      "spatial-factor=(int)16,video-width=(int)128,video-height=(int)96,video-framerate=(fraction)16/1\" ! " +
+          restyle() + " ! appsink name=out",
+      out, 60 * GST_SECOND, [&](GstElement* p) {
+        g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+        GstElement* src = gst_bin_get_by_name(GST_BIN(p), "in");
+        GstBuffer* b = gst_buffer_new_allocate(nullptr, 48 * 6 * 8 * 4, nullptr);
+        gst_buffer_memset(b, 0, 0, 48 * 6 * 8 * 4);
+        gst_app_src_push_buffer(GST_APP_SRC(src), b);
+        gst_app_src_end_of_stream(GST_APP_SRC(src));
+        gst_object_unref(src);
+      });
+  fail_unless(out.error.find("wan2.2") != std::string::npos && out.error.find("wan2.1") != std::string::npos, "%s",
+              out.error.c_str());
 }
 GST_END_TEST;
 
@@ -295,13 +295,12 @@ GST_END_TEST;
 GST_START_TEST(test_bad_settings_are_refused) {
   const auto error_of = [](const std::string& extra, bool with_prompt) {
     Out out;
-    latent_test::run("appsrc name=in ! " + restyle(extra) + " ! appsink name=out", out, 30 * GST_SECOND,
-                     [&](GstElement* p) {
-                       if (with_prompt)
-                         g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(),
-                                      nullptr);
-                       feed(raw_input().narrow(0, 0, 3))(p);
-                     });
+    latent_test::run(
+        "appsrc name=in ! " + restyle(extra) + " ! appsink name=out", out, 30 * GST_SECOND, [&](GstElement* p) {
+          if (with_prompt)
+            g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+          feed(raw_input().narrow(0, 0, 3))(p);
+        });
     return out.error;
   };
   fail_unless(error_of("", false).find("prompt") != std::string::npos);
@@ -315,12 +314,13 @@ GST_END_TEST;
 GST_START_TEST(test_video_chain_keeps_every_frame) {
   const std::string taew = std::string(g_getenv("LATENT_TAEHV_FIXTURES")) + "/taew2_1.pth";
   Out out;
-  latent_test::run("videotestsrc num-buffers=21 pattern=ball ! video/x-raw,width=64,height=48,framerate=16/1 ! "
-                   "videoconvert ! vaeencode model=" +
-                       taew + " ! " + restyle() + " ! vaedecode model=" + taew + " ! appsink name=out",
-                   out, 120 * GST_SECOND, [&](GstElement* p) {
-                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                   });
+  latent_test::run(
+      "videotestsrc num-buffers=21 pattern=ball ! video/x-raw,width=64,height=48,framerate=16/1 ! "
+      "videoconvert ! vaeencode model=" +
+          taew + " ! " + restyle() + " ! vaedecode model=" + taew + " ! appsink name=out",
+      out, 120 * GST_SECOND, [&](GstElement* p) {
+        g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+      });
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   fail_unless_equals_int(out.buffers.size(), 21);
   for (size_t i = 0; i < out.buffers.size(); ++i)

@@ -115,7 +115,8 @@ struct Restyler::Impl {
       if (k + 1 < steps) x = (1.0f - sigmas[size_t(k + 1)]) * out + sigmas[size_t(k + 1)] * draw(n, out);
     }
     for (int64_t k = 0; k < steps; ++k)
-      rows.push_back(Row{torch::zeros_like(latents.narrow(2, 0, 1)), -1, n, k == 0 ? std::move(cache) : rows[0].cache.copy()});
+      rows.push_back(
+          Row{torch::zeros_like(latents.narrow(2, 0, 1)), -1, n, k == 0 ? std::move(cache) : rows[0].cache.copy()});
     position = n;
     std::vector<RestyledFrame> done;
     for (int64_t f = 0; f < n; ++f) done.push_back({out.narrow(2, f, 1).clone(), f});
@@ -174,7 +175,8 @@ std::vector<RestyledFrame> Restyler::push(const torch::Tensor& latent, std::opti
     throw std::invalid_argument("restyle: a latent frame of " + std::to_string(x.size(3)) + "x" +
                                 std::to_string(x.size(4)) + " in a stream of " + std::to_string(shape_of.size(3)) +
                                 "x" + std::to_string(shape_of.size(4)));
-  if (!torch::isfinite(x).all().item<bool>()) throw std::invalid_argument("restyle: a latent frame holds NaN or infinite values");
+  if (!torch::isfinite(x).all().item<bool>())
+    throw std::invalid_argument("restyle: a latent frame holds NaN or infinite values");
   if (motion && !(*motion >= 0 && *motion <= 1)) throw std::invalid_argument("restyle: motion must be in [0, 1]");
   x = x.to(s.model_ref->device(), torch::kFloat);
   const int64_t frame = s.in;

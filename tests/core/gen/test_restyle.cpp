@@ -20,8 +20,8 @@ using latent::DenoiserFiles;
 using latent::load_denoiser;
 using latent::read_weights;
 using latent::RestyledFrame;
-using latent::Restyler;
 using latent::RestyleOptions;
+using latent::Restyler;
 using latent::WeightSource;
 namespace fs = std::filesystem;
 
@@ -114,7 +114,11 @@ void expect_case(const std::string& name, double strength, bool with_motion) {
   for (size_t i = 0; i < run.index.size(); ++i) EXPECT_EQ(run.index[i], int64_t(i));
   const double err = rel_error(frames_first(run.frames), want);
   EXPECT_LE(err, kRelTolerance);
-  ::testing::Test::RecordProperty(name + "_rel_error", [&] { char b[32]; std::snprintf(b, sizeof b, "%.2e", err); return std::string(b); }());
+  ::testing::Test::RecordProperty(name + "_rel_error", [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2e", err);
+    return std::string(b);
+  }());
 }
 
 }  // namespace

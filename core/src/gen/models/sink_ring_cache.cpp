@@ -37,10 +37,10 @@ std::pair<torch::Tensor, torch::Tensor> SinkRingCache::attend(size_t layer, cons
   // The adaptive sink: per-frame means of the sink slots (as they are before this write) against the new frame's.
   if (sink_ > 0 && threshold_ > -1 && n == 1) {
     const auto mean_of = [&](const torch::Tensor& t, int64_t frames) { return t.reshape({frames, tpf, -1}).mean(1); };
-    const torch::Tensor ks = mean_of(l.k.narrow(1, 0, sink_ * tpf), sink_), vs = mean_of(l.v.narrow(1, 0, sink_ * tpf), sink_);
-    const torch::Tensor sim = (torch::cosine_similarity(ks, mean_of(k, 1), -1) +
-                               torch::cosine_similarity(vs, mean_of(v, 1), -1)) /
-                              2;
+    const torch::Tensor ks = mean_of(l.k.narrow(1, 0, sink_ * tpf), sink_),
+                        vs = mean_of(l.v.narrow(1, 0, sink_ * tpf), sink_);
+    const torch::Tensor sim =
+        (torch::cosine_similarity(ks, mean_of(k, 1), -1) + torch::cosine_similarity(vs, mean_of(v, 1), -1)) / 2;
     if (sim.min().item<float>() < threshold_) l.evict.push_front(sim.argmin().item<int64_t>() + 1);
   }
   int64_t end;  // the slot after the call's frames

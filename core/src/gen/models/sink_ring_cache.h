@@ -29,10 +29,10 @@ class SinkRingCache final : public KvStore {
 
  private:
   struct Layer {
-    torch::Tensor k, v;          // [1, window * tokens, heads, head_dim], zeros until written
-    std::deque<int64_t> evict;   // eviction targets: a frame slot's end (slot + 1)
-    int64_t global_end = 0;      // the absolute end frame of the last call
-    int64_t local_end = 0;       // the slots in use after the last call
+    torch::Tensor k, v;         // [1, window * tokens, heads, head_dim], zeros until written
+    std::deque<int64_t> evict;  // eviction targets: a frame slot's end (slot + 1)
+    int64_t global_end = 0;     // the absolute end frame of the last call
+    int64_t local_end = 0;      // the slots in use after the last call
   };
   std::vector<Layer> layers_;
   int64_t window_, sink_;
