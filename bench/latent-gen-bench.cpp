@@ -360,6 +360,8 @@ int run(const Args& a) {
     if (out.defined()) frames += out.size(0);
   };
   std::vector<double> next_seconds;
+  // Per iteration, the decode of what it made: a live loop's frame rate is a block's generation and its decode.
+  std::vector<double> decode_next_seconds;
   while (!gen_finished()) {
     const auto t0 = Clock::now();
     const double c0 = cpu_seconds();
@@ -370,6 +372,7 @@ int run(const Args& a) {
     gen_cpu_seconds += cpu_seconds() - c0;
     if (latents == 0 && !made.empty()) first_latent = seconds_since(start);
     state_max = std::max(state_max, gen_state());
+    const double decoded_before = decode_seconds;
     for (const latent::GeneratedFrame& f : made) {
       if (decoder) decode(f.latent.squeeze(2), f.index == 0 ? 1 : tf);
       if (!a.save_latents.empty()) kept.push_back(f.latent.to(torch::kCPU));
@@ -377,6 +380,7 @@ int run(const Args& a) {
         samples.push_back(Value(latent::json::Object{{"latents", Value::integer(latents)},
                                                      {"rss_bytes", Value::integer(proc_status_bytes("VmRSS"))}}));
     }
+    decode_next_seconds.push_back(decode_seconds - decoded_before);
   }
   if (decoder) decode({}, -1);
   const double wall = seconds_since(start);
@@ -429,6 +433,7 @@ int run(const Args& a) {
       {"attention_heads", Value::integer(timed->inner()->attention_heads())},
       {"iterations", Value::integer(int64_t(next_seconds.size()))},
       {"next_seconds", Value(reals(next_seconds))},
+      {"decode_next_seconds", Value(reals(decode_next_seconds))},
       {"guidance", Value::real(o.guidance)},
       {"chunk_frames", Value::integer(o.causal.chunk_frames)},
       {"kv_window", Value::integer(o.causal.kv_window)},

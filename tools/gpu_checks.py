@@ -13,7 +13,7 @@ The table is tab-separated, one check a row: id, stage, needs, timeout (s), pars
 proves. A new feature adds its GPU check as a row; the stages read nothing else.
   needs   comma-separated conditions, each checked before the command runs; an unmet one is a skip with the
           reason: gpu (a CUDA device torch sees), gpus=N, build (the build stage passed: it runs first), venv
-          (the references' Python), todo:TEXT (a prerequisite that has not landed: always a skip, saying TEXT)
+          (the references' Python), meson (BUILD is a meson build folder, not a GPU pack's), todo:TEXT (a prerequisite that has not landed: always a skip, saying TEXT)
   parser  how figures are read from the log and the check's out dir: none, meson, gtest, bench, figures, train
   expect  NAME OP NUMBER terms joined by ';' that the figures must meet, or the check fails (e.g.
           no_gpu_skips==0)
@@ -21,6 +21,14 @@ proves. A new feature adds its GPU check as a row; the stages read nothing else.
 Commands run under bash in the source tree with SRC, BUILD, CHECK_OUT (an empty folder of the check's own),
 REPORT and JOBS set. Exit 0 passes, 77 skips (the last output line is the reason), anything else fails.
 Every passed check leaves REPORT_DIR/stamps/ID; a rerun keeps its result and does not run it again.
+
+The stages, in the order they run: build (tools/gpu-check compiles), smoke (the machine, the plugin, one round
+trip), headline (the figures a short loan must bring back first), proof (the GPU equals the CPU), speed (the
+benchmarks against diffusers), training. `--stage` takes one or several, comma-separated. By default a stage's
+budget (--budget) is checked against each row's timeout before it starts (rows that would not fit are pending).
+With --deadline SECONDS (a GPU pack's run: tools/gpu-pack-run) the whole run has that many seconds and each stage
+at most its STAGE_LIMITS; a check starts while MIN_START seconds remain and is cut when its stage's or the run's
+time is up, so a short loan is used to its end. --prebuilt: the build is a pack's (the build need is met).
 """
 import argparse
 import datetime
@@ -30,15 +38,21 @@ import os
 import re
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TABLE = os.path.join(HERE, "gpu-checks.tsv")
 COLUMNS = ("id", "stage", "needs", "timeout", "parser", "expect", "goal", "command", "proves")
-STAGES = ("build", "proof", "speed", "training")
+STAGES = ("build", "smoke", "headline", "proof", "speed", "training")
 STAGE_BUDGET = 600  # seconds: a stage fits a short loan of a machine and is resumable when it does not
+# Under --deadline: each stage's own limit in seconds, and the least time left in which a check is started.
+STAGE_LIMITS = {"build": 600, "smoke": 60, "headline": 300, "proof": 360, "speed": 600, "training": 600}
+MIN_START = 15
+PREBUILT = False
 
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -239,7 +253,9 @@ def unmet(row, report):
                 return f"needs {want} GPUs, this machine has {gpu_count()}"
         if need == "venv" and not os.environ.get("LATENT_PYTHON"):
             return "no Python with the references (tools/gpu-check makes one)"
-        if need == "build" and not build_passed(report):
+        if need == "meson" and not os.path.exists(os.path.join(os.environ.get("BUILD", ""), "build.ninja")):
+            return "not a meson build folder (a GPU pack runs its test binaries directly)"
+        if need == "build" and not PREBUILT and not build_passed(report):
             return "the build stage has not passed (see its checks)"
     return None
 
@@ -276,7 +292,9 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def run_check(row, report, src):
+def run_check(row, report, src, timeout=None, cut_reason=""):
+    """Runs a row's command; `timeout` (at most the row's) cuts it short with `cut_reason` when given."""
+    limit = row["timeout"] if timeout is None else min(row["timeout"], timeout)
     logs = os.path.join(report, "logs")
     out_dir = os.path.join(report, "out", row["id"])
     os.makedirs(logs, exist_ok=True)
@@ -293,7 +311,7 @@ def run_check(row, report, src):
         p = subprocess.Popen(["bash", "-c", row["command"]], cwd=src, env=env, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = p.wait(timeout=row["timeout"])
+            rc = p.wait(timeout=limit)
             timed_out = False
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGTERM)
@@ -312,7 +330,9 @@ def run_check(row, report, src):
         figures = {"parser_error": f"{type(e).__name__}: {e}"}
     lines = [l for l in text.splitlines() if l.strip() and not l.startswith("# ")]
     last = lines[-1].strip() if lines else ""
-    if timed_out:
+    if timed_out and limit < row["timeout"]:
+        status, reason = "pending", f"cut after {limit:.0f} s: {cut_reason} (rerun to continue)"
+    elif timed_out:
         status, reason = "fail", f"timed out after {row['timeout']} s (rerun the stage to continue)"
     elif rc == 77:
         status, reason = "skip", last or "skipped (exit 77)"
@@ -364,8 +384,70 @@ def run_stage(report, stages, src, budget):
                   + (f" ({res['reason']})" if res["reason"] else ""), flush=True)
         render(report)
     render(report)
+    return stage_status(report, stages)
+
+
+def stage_status(report, stages):
     results = [load_result(report, r["id"]) for r in TABLE if r["stage"] in stages]
     return 1 if any(r and r["status"] == "fail" for r in results) else 0
+
+
+def run_deadline(report, stages, src, deadline, results_dir=None):
+    """The stages in order under one budget of `deadline` seconds, each stage within its STAGE_LIMITS: a check
+    starts while MIN_START seconds of both remain and is cut when either runs out; what cannot start is pending."""
+    end = time.monotonic() + deadline
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        stage_end = min(end, time.monotonic() + STAGE_LIMITS[stage])
+        for row in TABLE:
+            if row["stage"] != stage:
+                continue
+            if os.path.exists(os.path.join(report, "stamps", row["id"])):
+                print(f"[gpu-check] {row['id']}: passed earlier, not run again", flush=True)
+                continue
+            left = stage_end - time.monotonic()
+            which = "the run's budget" if stage_end >= end else f"the {stage} stage's {STAGE_LIMITS[stage]} s"
+            reason = unmet(row, report)
+            if reason:
+                save_result(report, skipped(row, reason))
+                print(f"[gpu-check] {row['id']}: skip ({reason})", flush=True)
+            elif left < MIN_START:
+                save_result(report, skipped(row, f"not started: {which} ran out (rerun to continue)",
+                                            status="pending"))
+                print(f"[gpu-check] {row['id']}: pending ({which})", flush=True)
+            else:
+                print(f"[gpu-check] {row['id']}: running (up to {min(row['timeout'], left):.0f} s)", flush=True)
+                res = run_check(row, report, src, timeout=left, cut_reason=f"{which} ran out")
+                save_result(report, res)
+                print(f"[gpu-check] {row['id']}: {res['status']} in {res['seconds']} s"
+                      + (f" ({res['reason']})" if res["reason"] else ""), flush=True)
+            render(report)
+            publish(report, results_dir)
+    render(report)
+    publish(report, results_dir)
+    return stage_status(report, stages)
+
+
+def publish(report, results_dir, small=1 << 20):
+    """Copies report.md and report.json to results_dir and archives every log and every output under `small`
+    bytes as logs.tar.gz: three files, whatever the checks wrote."""
+    if not results_dir:
+        return
+    os.makedirs(results_dir, exist_ok=True)
+    for name in ("report.md", "report.json"):
+        shutil.copyfile(os.path.join(report, name), os.path.join(results_dir, name))
+    tmp = os.path.join(results_dir, "logs.tar.gz.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for d, _, files in os.walk(report):
+            for f in sorted(files):
+                p = os.path.join(d, f)
+                rel = os.path.relpath(p, report)
+                if rel.startswith(("stamps", "results")) or f.endswith(".tmp") or os.path.islink(p):
+                    continue
+                if os.path.getsize(p) < small:
+                    tar.add(p, arcname=rel)
+    os.replace(tmp, os.path.join(results_dir, "logs.tar.gz"))
 
 
 # ------------------------------------------------------------------------------------------------------- report
@@ -429,9 +511,12 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("report")
-    r.add_argument("--stage", default="all", choices=STAGES + ("all",))
+    r.add_argument("--stage", default="all", help="all, or stages comma-separated: " + ", ".join(STAGES))
     r.add_argument("--src", default=os.path.dirname(HERE))
     r.add_argument("--budget", type=int, default=STAGE_BUDGET)
+    r.add_argument("--deadline", type=float, default=None, help="seconds for the whole run (see above)")
+    r.add_argument("--prebuilt", action="store_true", help="the build is a pack's: no build stage")
+    r.add_argument("--results", default="", help="with --deadline: copy the reports and a logs archive here")
     sub.add_parser("render").add_argument("report")
     pa = sub.add_parser("parse")
     pa.add_argument("parser", choices=sorted(PARSERS))
@@ -454,9 +539,16 @@ def main(argv=None):
     if a.cmd == "render":
         render(report)
         return 0
-    stages = STAGES if a.stage == "all" else (a.stage,)
+    stages = STAGES if a.stage == "all" else tuple(x.strip() for x in a.stage.split(",") if x.strip())
+    bad = [x for x in stages if x not in STAGES]
+    if bad or not stages:
+        p.error(f"--stage {a.stage!r}: stages are {', '.join(STAGES)} (or all)")
+    global PREBUILT
+    PREBUILT = a.prebuilt
+    if a.deadline is not None:
+        return run_deadline(report, stages, os.path.abspath(a.src), a.deadline, a.results or None)
     # The build stage runs first whenever a check of the chosen stages needs it and it has not passed.
-    if "build" not in stages and any("build" in r["needs"].split(",") and unmet_without_build(r, report) is None
+    if not PREBUILT and "build" not in stages and any("build" in r["needs"].split(",") and unmet_without_build(r, report) is None
                                      for r in TABLE if r["stage"] in stages) and not build_passed(report):
         stages = ("build",) + tuple(stages)
     return run_stage(report, stages, os.path.abspath(a.src), a.budget)
