@@ -25,6 +25,7 @@
 // with --sink frames kept. Each next() is one block, so next_seconds holds the block times and the first one is
 // the time to the first latent. tools/bench --generate --causal runs it next to the reference's own loop.
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <sys/resource.h>
@@ -56,7 +57,8 @@ using Clock = std::chrono::steady_clock;
 using latent::json::Value;
 
 struct Args {
-  std::string generator, vae, text, save_latents;
+  std::string generator, vae, text, save_latents, profile_out;
+  int64_t profile_iteration = -1;  // < 0: no profile
   double guidance = -1;  // < 0: the denoiser's
   int64_t latents = 100;
   std::string schedule = "fifo";
@@ -84,6 +86,8 @@ struct Args {
                "             [1, L, D], for a text-conditioned denoiser\n"
                "  --guidance classifier-free guidance scale (default: the denoiser's; 1 runs one call per step)\n"
                "  --save-latents  write every generated latent, in order, as \"latents\" [1, C, N, h, w] float32\n"
+               "  --profile-iteration N --profile-out FILE  the profiler's Chrome trace of iteration N (0: the first;\n"
+               "             with --schedule causal one block): CPU operators and, on a GPU, its kernels and copies\n"
                "  --height, --width  latent size (default: the generator's native size)\n"
                "  --steps, --window  0: the generator's; --context -1: a quarter of the window (rolling)\n"
                "  --sample   read the RSS after every K latents (default: latents / 10)\n"
@@ -153,6 +157,10 @@ Args parse_args(int argc, char** argv) {
       a.text = r.value();
     else if (k == "--save-latents")
       a.save_latents = r.value();
+    else if (k == "--profile-iteration")
+      a.profile_iteration = r.integer(0, 1 << 20);
+    else if (k == "--profile-out")
+      a.profile_out = r.value();
     else if (k == "--chunk")
       a.chunk = r.integer(1, 4096);
     else if (k == "--kv-window")
@@ -174,6 +182,10 @@ Args parse_args(int argc, char** argv) {
       a.guidance = *g;
     } else
       r.fail("is not an option");
+  }
+  if ((a.profile_iteration >= 0) != !a.profile_out.empty()) {
+    std::fprintf(stderr, "latent-gen-bench: --profile-iteration and --profile-out go together\n");
+    std::exit(2);
   }
   if (a.generator.empty()) {
     std::fprintf(stderr, "latent-gen-bench: --generator is required\n");
@@ -277,6 +289,19 @@ latent::GeneratorOptions generator_options(const Args& a, const latent::Denoiser
   return o;
 }
 
+// PyTorch's own profiler (Kineto) over one iteration: the operators on the CPU and, where CUDA is in use, the
+// kernels and copies with their times on the GPU, so the gaps between kernels show what the host costs.
+void start_profiler(const torch::Device& device) {
+  using namespace torch::profiler::impl;
+  const ProfilerConfig config(ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+}
+
+void stop_profiler(const std::string& path) { torch::autograd::profiler::disableProfiler()->save(path); }
+
 int run(const Args& a) {
   if (a.threads > 0) torch::set_num_threads(a.threads);
   const torch::Device device = latent::resolve_device(a.device);
@@ -363,10 +388,13 @@ int run(const Args& a) {
   // Per iteration, the decode of what it made: a live loop's frame rate is a block's generation and its decode.
   std::vector<double> decode_next_seconds;
   while (!gen_finished()) {
+    const bool profiling = int64_t(next_seconds.size()) == a.profile_iteration;
+    if (profiling) start_profiler(device);
     const auto t0 = Clock::now();
     const double c0 = cpu_seconds();
     std::vector<latent::GeneratedFrame> made = gen_next();
     synchronize(device);
+    if (profiling) stop_profiler(a.profile_out);
     next_seconds.push_back(seconds_since(t0));
     gen_seconds += next_seconds.back();
     gen_cpu_seconds += cpu_seconds() - c0;

@@ -429,7 +429,7 @@ def run_deadline(report, stages, src, deadline, results_dir=None):
     return stage_status(report, stages)
 
 
-def publish(report, results_dir, small=1 << 20):
+def publish(report, results_dir, small=4 << 20):
     """Copies report.md and report.json to results_dir and archives every log and every output under `small`
     bytes as logs.tar.gz: three files, whatever the checks wrote."""
     if not results_dir:

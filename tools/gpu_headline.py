@@ -6,6 +6,10 @@
         FFN 8960, text 4096 wide) and, beside it, prompt embeddings [1, 512, 4096] under the names both
         latent-gen-bench ("text") and the elements ("prompt_embeds") read. Made once (a stamp file); the weights
         are drawn on --device, so on a GPU the folder takes seconds.
+    gpu_headline.py profile TRACE.json
+        what one profiled block (latent-gen-bench --profile-iteration) spent: `figure` lines for its span, the GPU's
+        busy time and share (kernels, copies and fills merged), the idle gaps between them (the host's cost), the
+        host-blocking calls (synchronisations and blocking copies), and the kernels that took the most time.
     gpu_headline.py causal PLAIN.json [WITH_DECODE.json]
         `figure NAME VALUE` lines from latent-gen-bench --json runs of the causal schedule: the time to the first
         block, the steady latent frames/s (every block after the first) and video frames/s, and with the decoder
@@ -89,6 +93,60 @@ def causal_figures(plain, decoded):
         print(f"figure frames_decoded {d['frames']}")
 
 
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# CUDA runtime calls that make the host wait for the device.
+BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+            "cudaMemcpy2D", "cudaStreamWaitEvent")
+
+
+def profile_figures(path, top=12, gap_us=10.0):
+    with open(path) as f:
+        trace = json.load(f)
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    if not events:
+        raise SystemExit(f"FAIL: {path} holds no timed events")
+    start = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events)
+    print(f"figure profile_span_ms {(end - start) / 1000:.3f}")
+    print(f"figure cpu_ops {sum(1 for e in events if e.get('cat') == 'cpu_op')}")
+    gpu = sorted((e["ts"], e["ts"] + e["dur"], e) for e in events if e.get("cat") in GPU_CATEGORIES)
+    print(f"figure gpu_kernels {sum(1 for _, _, e in gpu if e.get('cat') == 'kernel')}")
+    blocking = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("name") in BLOCKING]
+    print(f"figure host_blocking_calls {len(blocking)}")
+    if not gpu:
+        return
+    busy, gaps, cur_s, cur_e = 0.0, [], gpu[0][0], gpu[0][1]
+    for s, e, _ in gpu[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            if s - cur_e > gap_us:
+                gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = gpu[-1][1] - gpu[0][0]
+    print(f"figure gpu_span_ms {span / 1000:.3f}")
+    print(f"figure gpu_busy_ms {busy / 1000:.3f}")
+    print(f"figure gpu_busy_share {busy / span if span else 0:.4f}")
+    print(f"figure gpu_gaps_over_{gap_us:g}us {len(gaps)}")
+    print(f"figure gpu_gaps_ms {sum(gaps) / 1000:.3f}")
+    print(f"figure gpu_largest_gap_ms {max(gaps, default=0) / 1000:.3f}")
+    totals = {}
+    for s, e, ev in gpu:
+        t = totals.setdefault(ev.get("name", "?"), [0.0, 0])
+        t[0] += e - s
+        t[1] += 1
+    print(f"top {top} GPU kernels and copies of the block by time (ms, calls, share of busy, name):")
+    for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {us / 1000:9.3f} {n:6d} {us / busy:6.1%}  {name[:140]}")
+    names = {}
+    for e in blocking:
+        names[e["name"]] = names.get(e["name"], 0) + 1
+    if names:
+        print("host-blocking calls: " + ", ".join(f"{k} x{v}" for k, v in sorted(names.items())))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -97,12 +155,16 @@ def main(argv=None):
     m.add_argument("--layers", type=int, default=WAN_13B["num_layers"])
     m.add_argument("--device", default="cuda")
     m.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    pr = sub.add_parser("profile")
+    pr.add_argument("trace")
     c = sub.add_parser("causal")
     c.add_argument("plain")
     c.add_argument("decoded", nargs="?")
     a = p.parse_args(argv)
     if a.cmd == "make-wan":
         make_wan(a.folder, a.layers, a.device, a.dtype)
+    elif a.cmd == "profile":
+        profile_figures(a.trace)
     else:
         causal_figures(a.plain, a.decoded)
     return 0
