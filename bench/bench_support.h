@@ -2,6 +2,7 @@
 // from /proc and the CUDA allocator's peaks, and device synchronisation around timed spans.
 #pragma once
 
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #ifdef LATENT_WITH_CUDA
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "io/json.h"
@@ -129,5 +131,19 @@ inline int64_t gpu_allocated_now(const torch::Device& device) {
 #endif
   return 0;
 }
+
+// PyTorch's own profiler (Kineto) over a span: the operators on the CPU and, where the device is a GPU, its kernels
+// and copies with their times, so the gaps between kernels show what the host costs. Stopping writes a Chrome
+// trace.
+inline void start_profiler(const torch::Device& device) {
+  using namespace torch::profiler::impl;
+  const ProfilerConfig config(ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+}
+
+inline void stop_profiler(const std::string& path) { torch::autograd::profiler::disableProfiler()->save(path); }
 
 }  // namespace latent::bench

@@ -21,7 +21,6 @@
 //
 //   torchrun --nproc-per-node 2 --no-python build/bench/latent-bench --model M --device cuda --direction decode
 #include <c10/core/InferenceMode.h>
-#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -94,7 +93,8 @@ struct Args {
                "  --dump       write the output (encode: VAE-space latents, decode: frames) as raw float32 in\n"
                "               [T, C, H, W] order, outside the timed spans, for comparing runs"
                "  --warmup     untimed runs of the same clip before the baseline is taken\n"
-               "  --profile    write a LibTorch profiler trace (chrome format) of the last repetition\n");
+               "  --profile    write PyTorch's profiler trace (Chrome format) of the last repetition: CPU operators\n"
+               "               and, on a GPU, its kernels and copies\n");
   std::exit(status);
 }
 
@@ -206,6 +206,13 @@ class Bench {
 
   int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
 
+ private:
+  // Where the stream's input goes and its output comes from: the first rank's device, which is --device's only
+  // when --devices starts with it (--devices cuda:0,cuda:0 alone leaves --device at the CPU).
+  torch::Device device() const { return ranks_.front()->device(); }
+
+ public:
+
   RunResult run() {
     open_dump();
     RunResult r = a_.direction == "encode" ? run_encode() : run_decode();
@@ -255,8 +262,8 @@ class Bench {
     latent::EncoderStream& enc = *stream;
     torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a_.seed);
     const auto fopts = torch::TensorOptions().dtype(torch::kFloat);
-    const torch::Tensor shift = spec.latent_shift.to(vae_->device(), torch::kDouble).reshape({1, -1, 1, 1});
-    const torch::Tensor scale = spec.latent_scale.to(vae_->device(), torch::kDouble).reshape({1, -1, 1, 1});
+    const torch::Tensor shift = spec.latent_shift.to(device(), torch::kDouble).reshape({1, -1, 1, 1});
+    const torch::Tensor scale = spec.latent_scale.to(device(), torch::kDouble).reshape({1, -1, 1, 1});
     RunResult r;
     const auto start = Clock::now();
     auto consume = [&](latent::EncodedLatents&& out) {
@@ -269,12 +276,12 @@ class Bench {
     for (int64_t done = 0; done < a_.frames;) {
       const int64_t n = std::min(a_.push, a_.frames - done);
       torch::Tensor frames = torch::rand({n, 3, a_.height, a_.width}, gen, fopts).mul_(2).sub_(1);
-      if (!vae_->device().is_cpu()) frames = frames.to(vae_->device());
-      synchronize(vae_->device());
+      if (!device().is_cpu()) frames = frames.to(device());
+      synchronize(device());
       const double c0 = process_cpu_seconds();
       const auto t0 = Clock::now();
       latent::EncodedLatents out = enc.push(frames);
-      synchronize(vae_->device());
+      synchronize(device());
       const double dt = seconds_since(t0);
       r.state_bytes_max = std::max(r.state_bytes_max, enc.state_bytes());
       record(r, dt, process_cpu_seconds() - c0, start, out.size() > 0);
@@ -286,7 +293,7 @@ class Bench {
     const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     latent::EncodedLatents tail = enc.finish();
-    synchronize(vae_->device());
+    synchronize(device());
     record(r, seconds_since(t0), process_cpu_seconds() - c0, start, tail.size() > 0);
     consume(std::move(tail));
     return r;
@@ -308,7 +315,7 @@ class Bench {
     torch::Tensor z = torch::randn({latent_count(), spec.latent_channels, a_.height / s, a_.width / s}, gen,
                                    torch::TensorOptions().dtype(torch::kFloat));
     z = (z - spec.latent_shift.reshape({1, -1, 1, 1})) * spec.latent_scale.reshape({1, -1, 1, 1});
-    z = z.to(vae_->device(), vae_->dtype());
+    z = z.to(device(), ranks_.front()->dtype());
     RunResult r;
     const auto start = Clock::now();
     auto consume = [&](const torch::Tensor& frames) {
@@ -320,11 +327,11 @@ class Bench {
     for (int64_t done = 0; done < z.size(0);) {
       const int64_t n = std::min(a_.push, z.size(0) - done);
       torch::Tensor piece = z.slice(0, done, done + n);
-      synchronize(vae_->device());
+      synchronize(device());
       const double c0 = process_cpu_seconds();
       const auto t0 = Clock::now();
       torch::Tensor frames = dec.push(piece);
-      synchronize(vae_->device());
+      synchronize(device());
       const double dt = seconds_since(t0);
       r.state_bytes_max = std::max(r.state_bytes_max, dec.state_bytes());
       const bool produced = frames.defined() && frames.size(0) > 0;
@@ -337,7 +344,7 @@ class Bench {
     const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     torch::Tensor tail = dec.finish();
-    synchronize(vae_->device());
+    synchronize(device());
     const bool produced = tail.defined() && tail.size(0) > 0;
     record(r, seconds_since(t0), process_cpu_seconds() - c0, start, produced);
     consume(tail);
@@ -445,11 +452,10 @@ int run(const Args& a) {
   RunResult last;
   size_t state_max = 0, state_end_max = 0, heap_end_max = 0;
   for (int i = 0; i < a.repeat; ++i) {
-    std::unique_ptr<torch::autograd::profiler::RecordProfile> prof;
-    if (!a.profile.empty() && i == a.repeat - 1)
-      prof = std::make_unique<torch::autograd::profiler::RecordProfile>(a.profile);
+    const bool profiling = !a.profile.empty() && i == a.repeat - 1;
+    if (profiling) start_profiler(device);
     last = bench.run();
-    prof.reset();
+    if (profiling) stop_profiler(a.profile);
     walls.push_back(last.wall);
     cpus.push_back(last.cpu);
     fps.push_back(double(a.frames) / last.wall);

@@ -25,7 +25,6 @@
 // with --sink frames kept. Each next() is one block, so next_seconds holds the block times and the first one is
 // the time to the first latent. tools/bench --generate --causal runs it next to the reference's own loop.
 #include <c10/core/InferenceMode.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <sys/resource.h>
@@ -288,19 +287,6 @@ latent::GeneratorOptions generator_options(const Args& a, const latent::Denoiser
   o.frames = a.latents;
   return o;
 }
-
-// PyTorch's own profiler (Kineto) over one iteration: the operators on the CPU and, where CUDA is in use, the
-// kernels and copies with their times on the GPU, so the gaps between kernels show what the host costs.
-void start_profiler(const torch::Device& device) {
-  using namespace torch::profiler::impl;
-  const ProfilerConfig config(ProfilerState::KINETO);
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
-}
-
-void stop_profiler(const std::string& path) { torch::autograd::profiler::disableProfiler()->save(path); }
 
 int run(const Args& a) {
   if (a.threads > 0) torch::set_num_threads(a.threads);

@@ -172,14 +172,20 @@ def _bench_results(out_dir):
     return found
 
 
+def _figure_name(text):
+    """Results name their sides in prose ("one, same cores"); a figure name is words joined by '_' and '.', as
+    expectations (NAME OP NUMBER) read them."""
+    return re.sub(r"[^\w.]+", "_", str(text)).strip("_")
+
+
 def _flat_numbers(d, prefix, out, depth=0):
     for k, v in d.items():
         if isinstance(v, bool):
             continue
         if isinstance(v, (int, float)):
-            out[f"{prefix}{k}"] = v
+            out[f"{prefix}{_figure_name(k)}"] = v
         elif isinstance(v, dict) and depth < 1:
-            _flat_numbers(v, f"{prefix}{k}.", out, depth + 1)
+            _flat_numbers(v, f"{prefix}{_figure_name(k)}.", out, depth + 1)
 
 
 def parse_bench(log, out_dir):
@@ -199,7 +205,7 @@ def parse_bench(log, out_dir):
                 if isinstance(v, (int, float)):
                     fig[f"{key}.{dst}"] = round(v * scale, 6)
         for i, c in enumerate(res.get("cases", [])):
-            name = c.get("name") or c.get("case") or f"case{i}"
+            name = _figure_name(c.get("name") or c.get("case") or f"case{i}")
             _flat_numbers(c.get("summary", {}), f"{name}.", fig)
     for m in re.finditer(r"median ([\d.]+) frames/s;.*output mean \|x\| ([\d.e+-]+)", log):
         fig["latent_bench_fps"] = float(m.group(1))

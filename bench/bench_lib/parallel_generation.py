@@ -122,9 +122,12 @@ def run(args, binary, out_dir):
         with open(os.path.join(out_dir, "generate-devices-results.json"), "w") as f:
             json.dump(results, f, indent=1)
 
-    sides = {"ranks": (rank_threads, ["--devices", args.devices]),
-             "one, same cores": (rank_threads * ranks, []),
-             "one, a rank's threads": (rank_threads, [])}
+    # Every side on the first listed device: with --devices cuda:0,cuda:0 the one-device runs are on cuda:0 too,
+    # not on the driver's default (the CPU).
+    first = ["--device", args.devices.split(",")[0]]
+    sides = {"ranks": (rank_threads, first + ["--devices", args.devices]),
+             "one, same cores": (rank_threads * ranks, first),
+             "one, a rank's threads": (rank_threads, first)}
     log(f"{ranks} ranks ({args.devices}) x {rank_threads} threads against one device; {repeat} repetitions")
     for name, (plan, common) in cases(ranks, steps, root, text_file).items():
         runs = {s: [] for s in sides}
