@@ -206,13 +206,6 @@ class Bench {
 
   int64_t latent_count() const { return 1 + (a_.frames - 1) / vae_->spec().temporal_factor; }
 
- private:
-  // Where the stream's input goes and its output comes from: the first rank's device, which is --device's only
-  // when --devices starts with it (--devices cuda:0,cuda:0 alone leaves --device at the CPU).
-  torch::Device device() const { return ranks_.front()->device(); }
-
- public:
-
   RunResult run() {
     open_dump();
     RunResult r = a_.direction == "encode" ? run_encode() : run_decode();
@@ -225,6 +218,10 @@ class Bench {
   }
 
  private:
+  // Where the stream's input goes and its output comes from: the first rank's device, which is --device's only
+  // when --devices starts with it (--devices cuda:0,cuda:0 alone leaves --device at the CPU).
+  torch::Device device() const { return ranks_.front()->device(); }
+
   void record(RunResult& r, double dt, double cpu, Clock::time_point start, bool produced) {
     r.wall += dt;
     r.cpu += cpu;
