@@ -712,10 +712,12 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_CONTEXT: s.context = g_value_get_int(value); break;
     case PROP_PROMPT_EMBEDS:
       s.prompt_embeds = g_value_get_string(value) ? g_value_get_string(value) : "";
+      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, false, s.prompt, s.prompt_embeds);
       prompt_changed = true;
       break;
     case PROP_PROMPT:
       s.prompt = optional_string(value);
+      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, true, s.prompt, s.prompt_embeds);
       prompt_changed = true;
       break;
     case PROP_NEGATIVE_PROMPT: s.negative_prompt = optional_string(value); break;

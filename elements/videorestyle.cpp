@@ -552,12 +552,12 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     case PROP_LORA: s.lora = text(); break;
     case PROP_PROMPT:
       s.prompt = optional_string(value);
-      if (s.prompt) s.prompt_embeds.clear();
+      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, true, s.prompt, s.prompt_embeds);
       prompt_changed = true;
       break;
     case PROP_PROMPT_EMBEDS:
       s.prompt_embeds = text();
-      if (!s.prompt_embeds.empty()) s.prompt.reset();
+      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, false, s.prompt, s.prompt_embeds);
       prompt_changed = true;
       break;
     case PROP_STRENGTH: s.strength = g_value_get_double(value); break;

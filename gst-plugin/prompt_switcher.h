@@ -14,6 +14,17 @@
 
 namespace latent::gst {
 
+// prompt and prompt-embeds are one prompt given two ways. Set while the element streams (a live switch), the one
+// set replaces the other: the switch goes to what was set, and a later restart runs it. Set before the stream, both
+// stay, and the start refuses them ("not both"): a launch line naming both is a mistake, not an order. Call with
+// the element's object lock held, after storing the new value.
+inline void keep_one_prompt(bool streaming, bool prompt_was_set, std::optional<std::string>& prompt,
+                            std::string& prompt_embeds) {
+  if (!streaming) return;
+  if (prompt_was_set && prompt) prompt_embeds.clear();
+  if (!prompt_was_set && !prompt_embeds.empty()) prompt.reset();
+}
+
 class PromptSwitcher {
  public:
   // Makes the embeddings (on the worker); throws to report an error.

@@ -11,10 +11,12 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "latent/gen/prompts.h"
 #include "latent/io/safetensors.h"
 
 #include <gst/app/gstappsink.h>
@@ -257,6 +259,77 @@ GST_START_TEST(test_prompt_schedule_encodes_its_prompts) {
 }
 GST_END_TEST;
 
+// prompt and prompt-embeds are one prompt given two ways: set while playing, either replaces the other. Started
+// from prompt=, a live prompt-embeds switches to the file (the tag names it), not to the prompt again; started from
+// prompt-embeds=, a live prompt leaves the element restartable (no "not both" at the next start).
+GST_START_TEST(test_a_live_switch_by_the_other_property_replaces_it) {
+  const std::string wan = (pipeline_fixtures() / "wan").string();
+  const std::string snow = (scratch() / "snowy-forest.safetensors").string();
+  {
+    latent::SafetensorsWriter out(snow, {.durable = false});
+    out.write("prompt_embeds", latent::encode_prompts(wan, "a snowy forest at night", std::nullopt, {}).prompt);
+    out.commit();
+  }
+  const std::string base = "videogen name=gen model=" + wan +
+                           " schedule=causal width=96 height=64 num-frames=45 kv-window=6 seed=3 ";
+  // Runs to EOS, setting `name` to `value` once 2 latents are out; returns the prompt tags. The probes outlive
+  // the runs: the second pipeline plays again with its probe still attached.
+  std::vector<std::unique_ptr<TagProbe>> probes;
+  const auto run_switch = [&](GstElement* pipeline, const char* name, const std::string& value) {
+    TagProbe& tags = *probes.emplace_back(std::make_unique<TagProbe>());
+    tags.attach(pipeline);
+    GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
+    GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+    fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+    size_t n = 0;
+    while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+      gst_sample_unref(s);
+      if (++n == 2) g_object_set(gen, name, value.c_str(), nullptr);
+    }
+    fail_unless(gst_app_sink_is_eos(sink), "the stream did not end after %zu latents", n);
+    fail_unless_equals_int(n, 12);
+    gst_object_unref(sink);
+    gst_object_unref(gen);
+    std::lock_guard<std::mutex> lock(tags.mu);
+    return tags.tags;
+  };
+
+  GstElement* p = gst_parse_launch((base + "prompt=\"a red fox\" ! appsink name=out sync=false max-buffers=1").c_str(),
+                                   nullptr);
+  fail_unless(p != nullptr);
+  std::vector<Tag> tags = run_switch(p, "prompt-embeds", snow);
+  fail_unless_equals_int(tags.size(), 1);
+  fail_unless_equals_string(tags[0].prompt.c_str(), snow.c_str());
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+
+  p = gst_parse_launch((base + "prompt-embeds=" + snow + " ! appsink name=out sync=false max-buffers=1").c_str(),
+                       nullptr);
+  fail_unless(p != nullptr);
+  tags = run_switch(p, "prompt", "a red fox");
+  fail_unless_equals_int(tags.size(), 1);
+  fail_unless_equals_string(tags[0].prompt.c_str(), "a red fox");
+  gst_element_set_state(p, GST_STATE_NULL);
+  GstElement* gen = gst_bin_get_by_name(GST_BIN(p), "gen");
+  gchar* embeds = nullptr;
+  g_object_get(gen, "prompt-embeds", &embeds, nullptr);
+  fail_unless(embeds == nullptr, "prompt-embeds still set after a live prompt: %s", embeds);
+  gst_object_unref(gen);
+  // The restart runs the prompt the stream ended with.
+  fail_unless(gst_element_set_state(p, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE, "the restart was refused");
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(p), "out"));
+  size_t n = 0;
+  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+    gst_sample_unref(s);
+    ++n;
+  }
+  fail_unless(gst_app_sink_is_eos(sink) && n == 12, "the restart gave %zu latents", n);
+  gst_object_unref(sink);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+}
+GST_END_TEST;
+
 struct LiveRun {
   std::vector<GstClockTimeDiff> lag;  // per latent: running time on reaching the sink minus its PTS
   GstClockTimeDiff elapsed = 0;
@@ -479,8 +552,10 @@ static Suite* causal_suite() {
   if (pipeline_fixtures().empty())
     latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv): "
                               "prompt-schedule with a text encoder not run");
-  else
+  else {
     tcase_add_test(tc, test_prompt_schedule_encodes_its_prompts);
+    tcase_add_test(tc, test_a_live_switch_by_the_other_property_replaces_it);
+  }
   add_restyle_tests(s);
   return s;
 }
