@@ -1,5 +1,7 @@
 #include "latent/io/safetensors.h"
 
+#include "io/regular_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -163,16 +165,14 @@ SafetensorsFile::SafetensorsFile(std::filesystem::path path, std::shared_ptr<Map
     : path_(std::move(path)), map_(std::move(map)), header_(std::move(header)) {}
 
 SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.fd < 0) io_fail(path, "cannot open", errno);
-  struct stat sb {};
-  if (::fstat(fd.fd, &sb) != 0) io_fail(path, "cannot stat", errno);
-  if (!S_ISREG(sb.st_mode)) throw SafetensorsError(path.string() + ": not a regular file");
-  if (sb.st_size == 0) throw SafetensorsError(path.string() + ": empty file, not a safetensors file");
+  std::string why;
+  const std::optional<RegularFile> f = open_regular_file(path, why);
+  if (!f) throw SafetensorsError(path.string() + ": " + why);
+  if (f->size == 0) throw SafetensorsError(path.string() + ": empty file, not a safetensors file");
   auto map = std::make_shared<Mapping>();
-  map->size = size_t(sb.st_size);
+  map->size = size_t(f->size);
   // Private and writable: tensors handed out may be modified in place without touching the file.
-  void* addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.fd, 0);
+  void* addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd, 0);
   if (addr == MAP_FAILED) io_fail(path, "cannot map", errno);
   map->addr = addr;
   st::Header header = st::parse(map->bytes(), path.string());

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/json.h"
+#include "io/regular_file.h"
 #include "io/pth_format.h"
 #include "io/weight_files.h"
 #include "latent/io/safetensors.h"
@@ -69,23 +70,14 @@ struct FileMapping {
 };
 
 std::shared_ptr<FileMapping> map_file(const fs::path& file) {
-  auto fail = [&](const char* what) {
-    throw ModelError(file.string() + ": " + what + ": " + std::system_category().message(errno));
-  };
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) fail("cannot stat");
-  if (!S_ISREG(sb.st_mode)) throw ModelError(file.string() + ": not a regular file");
+  std::string why;
+  const std::optional<RegularFile> f = open_regular_file(file, why);
+  if (!f) throw ModelError(file.string() + ": " + why);
   auto map = std::make_shared<FileMapping>();
-  if (sb.st_size == 0) return map;
-  map->size = size_t(sb.st_size);
-  void* addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  if (addr == MAP_FAILED) fail("cannot map");
+  if (f->size == 0) return map;
+  map->size = size_t(f->size);
+  void* addr = ::mmap(nullptr, map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd, 0);
+  if (addr == MAP_FAILED) throw ModelError(file.string() + ": cannot map: " + std::system_category().message(errno));
   map->addr = addr;
   return map;
 }
@@ -157,11 +149,18 @@ std::string read_pickle(const fs::path& file, WeightSource& out,
 }  // namespace
 
 std::string read_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelError(path.string() + ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string why;
+  const std::optional<RegularFile> f = open_regular_file(path, why);
+  if (!f) throw ModelError(path.string() + ": " + why);
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(f->fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw ModelError(path.string() + ": cannot read: " + std::system_category().message(errno));
+    if (n == 0) return text;
+    text.append(buf, size_t(n));
+  }
 }
 
 WeightSource read_torch_checkpoint(const fs::path& file, std::span<const std::string_view> containers,

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -438,4 +440,27 @@ TEST_F(Safetensors, AMillionEntriesLoadAndAreRefusedInLinearTime) {
   } catch (const latent::ModelError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot recognise the model family"), std::string::npos) << e.what();
   }
+}
+
+// A FIFO named where a weights file, a checkpoint or a folder's config is expected is refused at once, naming it:
+// opening a FIFO for reading waits for a writer, so without the check a state change hangs for good. An alarm
+// ends the test binary if any open waits (a hang fails in seconds, not at the suite's timeout).
+TEST_F(Safetensors, AFifoIsRefusedWithoutWaiting) {
+  const fs::path weights = file("w.safetensors"), checkpoint = file("m.pth"), folder = file("vae");
+  fs::create_directories(folder);
+  for (const fs::path& p : {weights, checkpoint, folder / "config.json"}) ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0) << p;
+  const auto refused = [](const fs::path& p, const std::function<void()>& open) {
+    try {
+      open();
+      ADD_FAILURE() << p << " was opened";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(p.string() + ": not a regular file (a FIFO)"), std::string::npos) << what;
+    }
+  };
+  ::alarm(20);
+  refused(weights, [&] { SafetensorsFile::open(weights); });
+  refused(checkpoint, [&] { latent::load_vae(checkpoint, {}); });
+  refused(folder / "config.json", [&] { latent::load_vae(folder, {}); });
+  ::alarm(0);
 }
