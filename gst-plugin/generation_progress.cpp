@@ -32,7 +32,10 @@ std::function<void(const GeneratorProgress&)> progress_poster(GstElement* elemen
     const auto now = std::chrono::steady_clock::now();
     const bool first = p.iteration <= 1, last = p.iterations > 0 && p.iteration >= p.iterations;
     if (first) clock->start = now;
-    if (!first && !last && now - clock->last < std::chrono::milliseconds(250)) return;
+    // An endless run has no last iteration and no end to wait for: after its first, one message a minute, so that
+    // an application that never pops its bus does not collect four a second for as long as the stream runs.
+    const auto gap = p.iterations > 0 ? std::chrono::milliseconds(250) : std::chrono::milliseconds(60'000);
+    if (!first && !last && now - clock->last < gap) return;
     clock->last = now;
     const auto elapsed = GstClockTime(std::chrono::duration_cast<std::chrono::nanoseconds>(now - clock->start).count());
     // From the rate of the iterations after the first, which carries the warm-up; the clock starts after it.

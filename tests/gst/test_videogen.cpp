@@ -196,6 +196,41 @@ GST_START_TEST(test_progress_is_posted_from_the_first_step) {
 }
 GST_END_TEST;
 
+// An endless run posts its first progress message and then at most one a minute: an application that never pops
+// its bus must not collect four messages a second for as long as the stream runs.
+GST_START_TEST(test_an_endless_run_posts_little_progress) {
+  GstElement* pipeline = gst_parse_launch((gen() + "appsink name=out sync=false max-buffers=1").c_str(), nullptr);
+  fail_unless(pipeline != nullptr);
+  std::atomic<int> posted{0};
+  GstBus* bus = gst_element_get_bus(pipeline);
+  gst_bus_set_sync_handler(
+      bus,
+      [](GstBus*, GstMessage* m, gpointer data) {
+        if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ELEMENT &&
+            gst_structure_has_name(gst_message_get_structure(m), "videogen-progress"))
+          ++*static_cast<std::atomic<int>*>(data);
+        return GST_BUS_PASS;
+      },
+      &posted, nullptr);
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  // Over 1.5 s of an endless stream: six or more messages at four a second.
+  const gint64 t0 = g_get_monotonic_time();
+  int latents = 0;
+  while (g_get_monotonic_time() - t0 < 1500 * G_TIME_SPAN_MILLISECOND || latents < 3) {
+    GstSample* sample = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND);
+    fail_unless(sample != nullptr, "the endless stream stopped after %d latents", latents);
+    gst_sample_unref(sample);
+    ++latents;
+  }
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(bus);
+  gst_object_unref(pipeline);
+  fail_unless_equals_int(posted.load(), 1);
+}
+GST_END_TEST;
+
 GST_START_TEST(test_zero_frames_is_an_empty_stream) {
   Out out;
   run(gen("num-frames=0") + "appsink name=out", out);
@@ -564,6 +599,7 @@ static Suite* videogen_suite() {
   tcase_add_test(tc, test_num_frames_is_exact_through_vaedecode);
   tcase_add_test(tc, test_zero_frames_is_an_empty_stream);
   tcase_add_test(tc, test_progress_is_posted_from_the_first_step);
+  tcase_add_test(tc, test_an_endless_run_posts_little_progress);
   tcase_add_test(tc, test_every_schedule_repeats_its_seed);
   tcase_add_test(tc, test_endless_stream_is_continuous);
   tcase_add_test(tc, test_latent_files_replay_the_stream);
