@@ -263,6 +263,11 @@ class InterruptingModel : public Denoiser, public CausalModel {
         inner_(std::move(inner)),
         causal_(*causal_model(*inner_)) {}
   int64_t layers() const override { return causal_.layers(); }
+  size_t kv_bytes_per_frame(int64_t height, int64_t width) const override {
+    return causal_.kv_bytes_per_frame(height, width) * kv_scale_;
+  }
+  // Claims `scale` times the inner model's key/value bytes (a model far larger than the fixture's).
+  void scale_kv_bytes(size_t scale) { kv_scale_ = scale; }
   torch::Tensor predict_stored(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
                                int64_t first_frame, latent::KvStore& store) const override {
     torch::Tensor out = causal_.predict_stored(x, timesteps, text, first_frame, store);
@@ -284,7 +289,34 @@ class InterruptingModel : public Denoiser, public CausalModel {
   const CausalModel& causal_;
   mutable int64_t countdown_ = 0;
   mutable Generator* target_ = nullptr;
+  size_t kv_scale_ = 1;
 };
+
+// The key/value cache counts in the memory check before the first block: the model's bytes a frame are what a
+// cache holds (measured on a call), and a window whose cache cannot fit is refused with the figure, not accepted
+// to die minutes later.
+TEST_F(CausalSchedule, TheKeyValueCacheIsCountedBeforeTheFirstBlock) {
+  const auto inner = model();
+  const latent::CausalModel& causal = *causal_model(*inner);
+  const GeneratorOptions o = options({"", 9, 6, 3});
+  latent::KvCache cache;
+  cache.window = 6;
+  causal.predict_cached(torch::randn({1, inner->spec().channels, 3, o.height, o.width}), torch::full({1, 3}, 500.0),
+                        o.text, cache, 0, 0);
+  EXPECT_EQ(cache.bytes(), 3 * causal.kv_bytes_per_frame(o.height, o.width));
+
+  const auto big = std::make_shared<InterruptingModel>(inner);
+  EXPECT_NO_THROW(Generator(big, o));
+  big->scale_kv_bytes(size_t(1) << 40);
+  try {
+    Generator g(big, o);
+    ADD_FAILURE() << "a window of " << o.causal.kv_window << " frames of a petabyte each was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("for the key/value cache"), std::string::npos) << what;
+    EXPECT_NE(what.find("choose a smaller kv_window"), std::string::npos) << what;
+  }
+}
 
 // Runs g.next() and interrupts it after its second model call (so the block has changed its cache); the generator
 // is ready for the retry afterwards.

@@ -50,6 +50,9 @@ class CausalModel {
  public:
   virtual ~CausalModel() = default;
   virtual int64_t layers() const = 0;
+  // The bytes a KvCache holds for one latent frame of `height` x `width` latents: every layer's keys and values of
+  // its tokens in the model's dtype. What a stream's window costs is this times the frames it keeps.
+  virtual size_t kv_bytes_per_frame(int64_t height, int64_t width) const = 0;
   // x: [1, C, F, h, w], latent frames first_frame .. first_frame + F - 1 (their absolute positions: RoPE is taken
   // there, whatever was evicted); timesteps [1, F] float32, each frame's value passed to the sinusoid in float64;
   // text as Denoiser::predict's. Self-attention goes through `store`. Returns the prediction [1, C, F, h, w]

@@ -279,6 +279,10 @@ class WanTransformer : public Denoiser, public CausalModel {
 
   int64_t attention_heads() const override { return cfg_.heads; }
   int64_t layers() const override { return cfg_.layers; }
+  size_t kv_bytes_per_frame(int64_t height, int64_t width) const override {
+    const int64_t tokens = (height / cfg_.ph) * (width / cfg_.pw);
+    return size_t(cfg_.layers) * 2 * size_t(tokens) * size_t(cfg_.dim()) * c10::elementSize(dtype());
+  }
 
   Tensor predict_stored(const Tensor& x, const Tensor& timesteps, const Tensor& text, int64_t first_frame,
                         KvStore& store) const override {
