@@ -652,8 +652,8 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
       gobject, PROP_STRENGTH,
       g_param_spec_double("strength", "Strength",
                           "How much of each input frame is replaced by noise before it is regenerated (the input "
-                          "is noise * s + latents * (1 - s); later frames tell the model t = int(1000 s) - 100). "
-                          "Lower keeps more of the input",
+                          "is noise * s + latents * (1 - s); later frames tell the model t = int(1000 s) - 100, "
+                          "held at 1 or more below s = 0.1). Lower keeps more of the input",
                           0.01, 1.0, 0.8, ready));
   g_object_class_install_property(
       gobject, PROP_DENOISING_STEPS,

@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -194,7 +195,9 @@ std::vector<RestyledFrame> Restyler::push(const torch::Tensor& latent, std::opti
   }
   // compute_noise_scale_and_step (streamv2v/inference.py), in doubles as there.
   s.noise_scale = (s.o.strength - 0.1 * motion.value_or(0.0)) * 0.9 + s.noise_scale * 0.1;
-  s.first_step = int64_t(1000 * s.noise_scale) - 100;
+  // Held at 1 or more: below a strength of about 0.1 the reference's formula gives a negative timestep, which a
+  // flow model was never trained on (its outputs there are meaningless); at and above it nothing changes.
+  s.first_step = std::max<int64_t>(1, int64_t(1000 * s.noise_scale) - 100);
   ++s.in;
   try {
     return s.stream(s.noised(x), frame);

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "forwarding_causal_model.h"
 #include "gen/models/causal_model.h"
 #include "gen/sampling/schedule.h"
 #include "latent/gen/denoiser.h"
@@ -256,40 +257,22 @@ TEST_F(CausalSchedule, MemoryStaysFlatOverAnEndlessRun) {
 // Forwards to a causal model and, once armed, interrupts the generator from inside the model call it counts to:
 // the generator sees the interrupt before its next call whatever the threads' timing (a watcher thread polling
 // model_calls() could wake after the block had ended on a busy machine).
-class InterruptingModel : public Denoiser, public CausalModel {
+class InterruptingModel : public latent_test::ForwardingCausalModel {
  public:
-  explicit InterruptingModel(std::shared_ptr<const Denoiser> inner)
-      : Denoiser(inner->spec(), LoadOptions{inner->device(), inner->dtype()}),
-        inner_(std::move(inner)),
-        causal_(*causal_model(*inner_)) {}
-  int64_t layers() const override { return causal_.layers(); }
-  size_t kv_bytes_per_frame(int64_t height, int64_t width) const override {
-    return causal_.kv_bytes_per_frame(height, width) * kv_scale_;
-  }
-  // Claims `scale` times the inner model's key/value bytes (a model far larger than the fixture's).
-  void scale_kv_bytes(size_t scale) { kv_scale_ = scale; }
-  torch::Tensor predict_stored(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
-                               int64_t first_frame, latent::KvStore& store) const override {
-    torch::Tensor out = causal_.predict_stored(x, timesteps, text, first_frame, store);
-    if (countdown_ > 0 && --countdown_ == 0) target_->interrupt();
-    return out;
-  }
+  using ForwardingCausalModel::ForwardingCausalModel;
   void interrupt_after(int64_t calls, Generator& g) const {
     countdown_ = calls;
     target_ = &g;
   }
 
  protected:
-  torch::Tensor run(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text) const override {
-    return inner_->predict(x, timesteps, text);
+  void after_call() const override {
+    if (countdown_ > 0 && --countdown_ == 0) target_->interrupt();
   }
 
  private:
-  std::shared_ptr<const Denoiser> inner_;
-  const CausalModel& causal_;
   mutable int64_t countdown_ = 0;
   mutable Generator* target_ = nullptr;
-  size_t kv_scale_ = 1;
 };
 
 // The key/value cache counts in the memory check before the first block: the model's bytes a frame are what a
@@ -305,7 +288,7 @@ TEST_F(CausalSchedule, TheKeyValueCacheIsCountedBeforeTheFirstBlock) {
                         o.text, cache, 0, 0);
   EXPECT_EQ(cache.bytes(), 3 * causal.kv_bytes_per_frame(o.height, o.width));
 
-  const auto big = std::make_shared<InterruptingModel>(inner);
+  const auto big = std::make_shared<latent_test::ForwardingCausalModel>(inner);
   EXPECT_NO_THROW(Generator(big, o));
   big->scale_kv_bytes(size_t(1) << 40);
   try {

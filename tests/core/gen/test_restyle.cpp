@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "forwarding_causal_model.h"
 #include "latent/gen/denoiser.h"
 #include "latent/gen/restyler.h"
 #include "latent/io/weights.h"
@@ -214,6 +216,25 @@ TEST(Restyle, EndsWithWhateverCame) {
   ASSERT_EQ(one.size(), 1u);
   EXPECT_EQ(one[0].index, 0);
   EXPECT_TRUE(torch::isfinite(one[0].latent).all().item<bool>());
+}
+
+// A low strength gives the model no negative timestep: the first row's step, int(1000 s) - 100 as the reference
+// computes it, is held at 1 or more (the reference would pass -50 at a strength of 0.05; a flow model has no
+// timestep below 0), and the frames come out finite.
+TEST(Restyle, ALowStrengthNeverGivesANegativeTimestep) {
+  struct Spy : latent_test::ForwardingCausalModel {
+    using ForwardingCausalModel::ForwardingCausalModel;
+    mutable double lowest = 1e9;
+    void before_call(const torch::Tensor& timesteps) const override {
+      lowest = std::min(lowest, timesteps.min().item<double>());
+    }
+  };
+  const auto spy = std::make_shared<Spy>(model());
+  Restyler r(spy, options(0.05));
+  const Restyled run = restyle(r, "s080", false);
+  ASSERT_FALSE(run.frames.empty());
+  EXPECT_GE(spy->lowest, 1.0);
+  for (const torch::Tensor& f : run.frames) EXPECT_TRUE(torch::isfinite(f).all().item<bool>());
 }
 
 TEST(Restyle, OptionsThatCannotWorkAreRefusedByName) {
