@@ -4,8 +4,7 @@
 
 namespace latent::gst {
 
-PromptSwitcher::PromptSwitcher(Deliver deliver, Fail fail)
-    : deliver_(std::move(deliver)), fail_(std::move(fail)), worker_([this] { run(); }) {}
+PromptSwitcher::PromptSwitcher(Deliver deliver, Fail fail) : deliver_(std::move(deliver)), fail_(std::move(fail)) {}
 
 PromptSwitcher::~PromptSwitcher() {
   {
@@ -14,13 +13,16 @@ PromptSwitcher::~PromptSwitcher() {
     waiting_.reset();
   }
   cv_.notify_all();
-  worker_.join();
+  if (worker_.joinable()) worker_.join();
 }
 
 void PromptSwitcher::submit(const std::string& label, Encode encode) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     waiting_ = Job{label, std::move(encode)};
+    // The worker starts with the first prompt set while playing: an element that never switches (gst-inspect
+    // among them) holds no thread.
+    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
   }
   cv_.notify_all();
 }
@@ -29,6 +31,9 @@ void PromptSwitcher::cancel() {
   std::unique_lock<std::mutex> lock(mu_);
   waiting_.reset();
   ++generation_;
+  // From a delivery's own callback (an application stopping the pipeline from its bus handler) there is nothing
+  // to wait for: the delivery in progress is the caller's.
+  if (std::this_thread::get_id() == worker_.get_id()) return;
   cv_.wait(lock, [&] { return !busy_; });
 }
 
@@ -52,12 +57,16 @@ void PromptSwitcher::run() {
       error = "an exception of unknown type";
     }
     lock.lock();
-    // Delivered under the lock, so a cancel() that returned never sees a late delivery.
+    // Delivered outside the lock, so that a callback may set another prompt or stop the element (an application
+    // answering the warning from a sync bus handler); busy_ stays set meanwhile, so a cancel() that returned never
+    // sees a late delivery.
     if (generation == generation_ && !quit_) {
+      lock.unlock();
       if (error.empty())
         deliver_(embeddings, job.label);
       else
         fail_(job.label, error);
+      lock.lock();
     }
     busy_ = false;
     cv_.notify_all();

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -18,6 +20,7 @@
 
 #include "latent/gen/prompts.h"
 #include "latent/io/safetensors.h"
+#include "prompt_switcher.h"
 
 #include <gst/app/gstappsink.h>
 #include <gst/check/gstcheck.h>
@@ -330,6 +333,54 @@ GST_START_TEST(test_a_live_switch_by_the_other_property_replaces_it) {
 }
 GST_END_TEST;
 
+// The prompt switcher hands its results over outside its lock: a callback may set another prompt or stop the
+// element (an application answering from a sync bus handler) without a deadlock, and a cancel() from another
+// thread still never returns before a delivery in progress ends. Its worker starts with the first prompt only:
+// elements that never switch (gst-inspect makes every one) hold no thread. An alarm fails a deadlock.
+GST_START_TEST(test_the_prompt_switcher_calls_back_outside_its_lock) {
+  const auto threads = [] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/task")) ++n;
+    return n;
+  };
+  const size_t before = threads();
+  std::vector<GstElement*> made;
+  for (int i = 0; i < 8; ++i) made.push_back(gst_element_factory_make(i % 2 ? "videorestyle" : "videogen", nullptr));
+  fail_unless_equals_int(threads(), before);
+  for (GstElement* e : made) gst_object_unref(e);
+
+  ::alarm(30);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> seen;
+  latent::gst::PromptSwitcher* self = nullptr;
+  latent::gst::PromptSwitcher switcher(
+      [&](const torch::Tensor&, const std::string& label) {
+        if (label == "second") self->cancel();  // stopping from the callback
+        std::lock_guard<std::mutex> lock(mu);
+        seen.push_back(label);
+        cv.notify_all();
+      },
+      [&](const std::string& label, const std::string&) {
+        // Answering a failure with another prompt from the callback.
+        self->submit("second", [] { return torch::zeros({1}); });
+        std::lock_guard<std::mutex> lock(mu);
+        seen.push_back(label + " failed");
+        cv.notify_all();
+      });
+  self = &switcher;
+  switcher.submit("first", []() -> torch::Tensor { throw std::runtime_error("no such prompt"); });
+  std::unique_lock<std::mutex> lock(mu);
+  fail_unless(cv.wait_for(lock, std::chrono::seconds(20), [&] { return seen.size() == 2; }),
+              "the switcher delivered %zu of 2 results", seen.size());
+  fail_unless_equals_string(seen[0].c_str(), "first failed");
+  fail_unless_equals_string(seen[1].c_str(), "second");
+  lock.unlock();
+  switcher.cancel();
+  ::alarm(0);
+}
+GST_END_TEST;
+
 struct LiveRun {
   std::vector<GstClockTimeDiff> lag;  // per latent: running time on reaching the sink minus its PTS
   GstClockTimeDiff elapsed = 0;
@@ -549,6 +600,7 @@ static Suite* causal_suite() {
   tcase_add_test(tc, test_endless_stream_memory_is_flat);
   tcase_add_test(tc, test_bad_settings_are_refused_by_name);
   tcase_add_test(tc, test_seek_and_restart_replay_the_stream);
+  tcase_add_test(tc, test_the_prompt_switcher_calls_back_outside_its_lock);
   if (pipeline_fixtures().empty())
     latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv): "
                               "prompt-schedule with a text encoder not run");
