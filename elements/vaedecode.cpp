@@ -60,9 +60,10 @@ struct Impl {
   GstVideoInfo out{};
   latent::gst::VideoOutputPool pool;  // where the frames of `out` are written
   std::deque<Pending> pending;
-  int64_t emitted_of_front = 0;  // frames of pending.front() already pushed
-  uint64_t next_latent = 0;      // stream number of the next latent in
-  uint64_t done_latents = 0;     // latents of the stream whose frames have all gone out
+  int64_t emitted_of_front = 0;    // frames of pending.front() already pushed
+  uint64_t next_latent = 0;        // stream number of the next latent in
+  uint64_t done_latents = 0;       // latents of the stream whose frames have all gone out
+  bool warned_non_finite = false;  // a latent with NaN or infinite values was reported this stream
   bool discont = true;
   latent::gst::HeldEvents held;  // serialized events behind latents not yet decoded
 
@@ -203,6 +204,22 @@ GstFlowReturn drain(GstVaeDecode* self) {
   return ret;
 }
 
+// A latent with NaN or infinite values decodes to black or garbage frames, which the stream would carry on with
+// silently: said once a stream, naming the first such latent. The frames still go out (a live stream keeps
+// running; the application decides).
+void warn_if_non_finite(GstVaeDecode* self, const torch::Tensor& z, GstClockTime pts) {
+  Impl& s = *self->impl;
+  if (s.warned_non_finite) return;
+  const int64_t nan = torch::isnan(z).sum().item<int64_t>(), inf = torch::isinf(z).sum().item<int64_t>();
+  if (nan + inf == 0) return;
+  s.warned_non_finite = true;
+  GST_ELEMENT_WARNING(self, STREAM, DECODE,
+                      ("Latent %llu (pts %" GST_TIME_FORMAT ") holds %lld NaN and %lld infinite values: its frames "
+                       "are not a picture. Said once a stream.",
+                       (unsigned long long)s.next_latent, GST_TIME_ARGS(pts), (long long)nan, (long long)inf),
+                      ("the model or the file upstream produced them"));
+}
+
 GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   auto* self = GST_VAE_DECODE(parent);
   Impl& s = *self->impl;
@@ -226,6 +243,7 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     // offsets say how many of those are real (fewer at the padded end of a clip).
     torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).unsqueeze(0);
     LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
+    warn_if_non_finite(self, z, stamp.pts);
     const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
     const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
     s.pending.push_back({stamp.pts, stamp.first_frame, real, s.next_latent});
@@ -353,6 +371,7 @@ gboolean handle_sink_event(GstVaeDecode* self, GstPad* pad, GstEvent* event) {
       s.pool.set_flushing(false);
       s.held.flush();
       s.next_latent = 0;
+      s.warned_non_finite = false;
       reset_clip(self);
       break;
     default:
@@ -446,6 +465,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.in.reset();
       s.frames = s.latents = 0;
       s.next_latent = s.done_latents = 0;
+      s.warned_non_finite = false;
       s.stats.reset();
       s.compute.reset();
       s.hold_time = 0;

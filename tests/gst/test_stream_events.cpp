@@ -4,6 +4,7 @@
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -242,6 +243,48 @@ GST_START_TEST(test_mutable_flags_say_when_properties_are_read) {
 }
 GST_END_TEST;
 
+// Latents holding NaN or infinite values decode to black or garbage frames: vaedecode says so once a stream, with
+// a WARNING naming the first such latent, and goes on (the frames still come out: a live stream keeps running).
+GST_START_TEST(test_non_finite_latents_are_reported_once) {
+  Out latents;
+  latent_test::run("videotestsrc num-buffers=9 ! " + rgb_caps() + " ! vaeencode model=" + wan() + " ! appsink name=out",
+                   latents);
+  fail_unless(latents.error.empty(), "%s", latents.error.c_str());
+  fail_unless_equals_int(latents.buffers.size(), 3);
+  GstHarness* h = gst_harness_new_parse(("vaedecode model=" + wan()).c_str());
+  GstBus* bus = gst_bus_new();
+  gst_element_set_bus(h->element, bus);
+  gst_harness_set_src_caps(h, gst_caps_ref(latents.caps));
+  for (size_t i = 0; i < latents.buffers.size(); ++i) {
+    GstBuffer* b = gst_buffer_copy_deep(latents.buffers[i]);
+    if (i > 0) {  // latents 1 and 2: one NaN each
+      GstMapInfo m;
+      fail_unless(gst_buffer_map(b, &m, GST_MAP_WRITE));
+      reinterpret_cast<float*>(m.data)[7] = std::nanf("");
+      gst_buffer_unmap(b, &m);
+    }
+    fail_unless_equals_int(gst_harness_push(h, b), GST_FLOW_OK);
+  }
+  fail_unless(gst_harness_push_event(h, gst_event_new_eos()));
+  fail_unless_equals_int(gst_harness_buffers_received(h), 9);
+  int warnings = 0;
+  std::string text;
+  while (GstMessage* m = gst_bus_pop_filtered(bus, GST_MESSAGE_WARNING)) {
+    GError* err = nullptr;
+    gst_message_parse_warning(m, &err, nullptr);
+    text = err->message;
+    g_error_free(err);
+    gst_message_unref(m);
+    ++warnings;
+  }
+  fail_unless_equals_int(warnings, 1);
+  fail_unless(text.find("Latent 1 ") != std::string::npos && text.find("NaN") != std::string::npos, "%s", text.c_str());
+  gst_element_set_bus(h->element, nullptr);
+  gst_object_unref(bus);
+  gst_harness_teardown(h);
+}
+GST_END_TEST;
+
 Suite* events_suite() {
   Suite* s = suite_create("stream-events");
   TCase* tc = tcase_create("events");
@@ -252,6 +295,7 @@ Suite* events_suite() {
   tcase_add_test(tc, test_latency_is_reposted_rarely);
   tcase_add_test(tc, test_decoder_caps_name_its_model);
   tcase_add_test(tc, test_mutable_flags_say_when_properties_are_read);
+  tcase_add_test(tc, test_non_finite_latents_are_reported_once);
   if (latent_test::have_fixtures())
     tcase_add_test(tc, test_decoder_holds_events_behind_latents);
   else
