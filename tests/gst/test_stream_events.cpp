@@ -149,15 +149,22 @@ GST_START_TEST(test_encoder_holds_events_behind_frames) {
 }
 GST_END_TEST;
 
-// The same in vaedecode: CogVideoX decodes two latents at a time, so after an odd latent one is held.
-GST_START_TEST(test_decoder_holds_events_behind_latents) {
-  Out latents;
-  latent_test::run("videotestsrc num-buffers=9 ! " + rgb_caps() + " ! vaeencode model=" + cog() + " ! appsink name=out",
+// Nine frames encoded by `model` (three latents, into `latents`) and a harness around vaedecode of the same model,
+// its caps set to the latents'.
+GstHarness* decoder_of_encoded_clip(const std::string& model, Out& latents) {
+  latent_test::run("videotestsrc num-buffers=9 ! " + rgb_caps() + " ! vaeencode model=" + model + " ! appsink name=out",
                    latents);
   fail_unless(latents.error.empty(), "%s", latents.error.c_str());
   fail_unless_equals_int(latents.buffers.size(), 3);
-  GstHarness* h = gst_harness_new_parse(("vaedecode model=" + cog()).c_str());
+  GstHarness* h = gst_harness_new_parse(("vaedecode model=" + model).c_str());
   gst_harness_set_src_caps(h, gst_caps_ref(latents.caps));
+  return h;
+}
+
+// The same in vaedecode: CogVideoX decodes two latents at a time, so after an odd latent one is held.
+GST_START_TEST(test_decoder_holds_events_behind_latents) {
+  Out latents;
+  GstHarness* h = decoder_of_encoded_clip(cog(), latents);
   Trace trace;
   trace_src(h->element, trace);
   fail_unless_equals_int(gst_harness_push(h, gst_buffer_ref(latents.buffers[0])), GST_FLOW_OK);
@@ -247,14 +254,9 @@ GST_END_TEST;
 // a WARNING naming the first such latent, and goes on (the frames still come out: a live stream keeps running).
 GST_START_TEST(test_non_finite_latents_are_reported_once) {
   Out latents;
-  latent_test::run("videotestsrc num-buffers=9 ! " + rgb_caps() + " ! vaeencode model=" + wan() + " ! appsink name=out",
-                   latents);
-  fail_unless(latents.error.empty(), "%s", latents.error.c_str());
-  fail_unless_equals_int(latents.buffers.size(), 3);
-  GstHarness* h = gst_harness_new_parse(("vaedecode model=" + wan()).c_str());
+  GstHarness* h = decoder_of_encoded_clip(wan(), latents);
   GstBus* bus = gst_bus_new();
   gst_element_set_bus(h->element, bus);
-  gst_harness_set_src_caps(h, gst_caps_ref(latents.caps));
   for (size_t i = 0; i < latents.buffers.size(); ++i) {
     GstBuffer* b = gst_buffer_copy_deep(latents.buffers[i]);
     if (i > 0) {  // latents 1 and 2: one NaN each
