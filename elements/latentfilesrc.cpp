@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "elements.h"
+#include "fixed_latents.h"
 #include "latent/io/safetensors.h"
 #include "latent_caps.h"
 
@@ -347,6 +348,14 @@ gboolean src_stop(GstBaseSrc* base) {
   return TRUE;
 }
 
+// The open file's latents, or downstream told which latent spaces it takes instead.
+gboolean src_negotiate(GstBaseSrc* base) {
+  auto* self = GST_LATENT_FILE_SRC(base);
+  Impl& impl = *self->impl;
+  if (!impl.file) return GST_BASE_SRC_CLASS(gst_latent_file_src_parent_class)->negotiate(base);
+  return latent::gst::negotiate_fixed_latents(base, impl.file->info, "Latent file \"" + impl.file->path + "\" holds");
+}
+
 GstCaps* src_get_caps(GstBaseSrc* base, GstCaps* filter) {
   auto* self = GST_LATENT_FILE_SRC(base);
   GST_OBJECT_LOCK(self);
@@ -445,6 +454,7 @@ static void gst_latent_file_src_class_init(GstLatentFileSrcClass* klass) {
   base_class->start = GST_DEBUG_FUNCPTR(src_start);
   base_class->stop = GST_DEBUG_FUNCPTR(src_stop);
   base_class->get_caps = GST_DEBUG_FUNCPTR(src_get_caps);
+  base_class->negotiate = GST_DEBUG_FUNCPTR(src_negotiate);
   push_class->create = GST_DEBUG_FUNCPTR(src_create);
 }
 

@@ -410,27 +410,8 @@ GstCaps* decodable_caps(GstVaeDecode* self) {
 gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
   auto* self = GST_VAE_DECODE(parent);
   switch (GST_QUERY_TYPE(query)) {
-    case GST_QUERY_CAPS: {
-      GstCaps* filter = nullptr;
-      gst_query_parse_caps(query, &filter);
-      GstCaps* caps = decodable_caps(self);
-      if (filter) {
-        GstCaps* both = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
-        gst_caps_unref(caps);
-        caps = both;
-      }
-      gst_query_set_caps_result(query, caps);
-      gst_caps_unref(caps);
-      return TRUE;
-    }
-    case GST_QUERY_ACCEPT_CAPS: {
-      GstCaps* caps = nullptr;
-      gst_query_parse_accept_caps(query, &caps);
-      GstCaps* templ = gst_pad_get_pad_template_caps(pad);
-      gst_query_set_accept_caps_result(query, gst_caps_is_fixed(caps) && gst_caps_is_subset(caps, templ));
-      gst_caps_unref(templ);
-      return TRUE;
-    }
+    case GST_QUERY_CAPS: return latent::gst::answer_caps_query(query, decodable_caps(self));
+    case GST_QUERY_ACCEPT_CAPS: return latent::gst::accept_template_caps(pad, query);
     default: return gst_pad_query_default(pad, parent, query);
   }
 }

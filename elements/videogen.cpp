@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "elements.h"
+#include "fixed_latents.h"
 #include "generation_plan.h"
 #include "latent/gen/prompts.h"
 #include "latent/io/safetensors.h"
@@ -22,7 +23,7 @@
 #include "latent_caps.h"
 #include "live_timeline.h"
 #include "model_glue.h"
-#include "prompt_switcher.h"
+#include "prompt_control.h"
 
 GST_DEBUG_CATEGORY_STATIC(video_gen_debug);
 #define GST_CAT_DEFAULT video_gen_debug
@@ -83,10 +84,6 @@ enum {
   PROP_WARP_DENOISING_STEPS,
 };
 
-// Tags on the stream where a causal run's prompt switched: what the prompt was made from, and its number.
-constexpr const char* kPromptTag = "latent-prompt";
-constexpr const char* kPromptIndexTag = "latent-prompt-index";
-
 struct Impl {
   Settings settings;  // object lock
 
@@ -100,8 +97,8 @@ struct Impl {
   std::string encoded_key;
   latent::PromptEmbeddings encoded;
   std::vector<torch::Tensor> scheduled;  // prompt-schedule's prompts, encoded with the prompt
-  // Prompts set while a causal run plays, encoded off the streaming thread.
-  std::unique_ptr<latent::gst::PromptSwitcher> switcher;
+  // prompt, prompt-embeds and text-device; prompts set while a causal run plays, encoded off the streaming thread.
+  std::unique_ptr<latent::gst::PromptControl> prompts;
   // Set by start() and cleared by stop(), which basesrc never runs beside create(); unlock() reaches the
   // generator from another thread, so the three take run_lock where they touch it.
   std::optional<Run> run;
@@ -255,12 +252,10 @@ GstClockTime live_stamp(GstVideoGen* self, const LatentFrameStamp& stamp) {
 // Tags the stream where a causal run's prompt switched, ahead of the first latent made under the new prompt.
 // The first latent's prompt is the run's own: no tag (it would come before the segment).
 void push_prompt_tag(GstVideoGen* self, const latent::GeneratedFrame& frame) {
-  GstTagList* tags =
-      gst_tag_list_new(kPromptTag, frame.prompt_label.c_str(), kPromptIndexTag, guint(frame.prompt_index), nullptr);
-  gst_tag_list_set_scope(tags, GST_TAG_SCOPE_STREAM);
   GST_INFO_OBJECT(self, "prompt %" G_GINT64_FORMAT " from latent %" G_GINT64_FORMAT ": %s", frame.prompt_index,
                   frame.index, frame.prompt_label.c_str());
-  gst_pad_push_event(GST_BASE_SRC_PAD(self), gst_event_new_tag(tags));
+  gst_pad_push_event(GST_BASE_SRC_PAD(self),
+                     latent::gst::PromptControl::tag_event(frame.prompt_label, guint(frame.prompt_index)));
 }
 
 std::string doing(const Impl& s) { return s.run && s.run->generator ? s.run->generator->doing() : "generating"; }
@@ -326,28 +321,26 @@ gboolean unlock_stop(GstBaseSrc* base) {
   return TRUE;
 }
 
-// Runs the model folder's text encoder when the prompts (or where they are encoded) differ from those last
-// encoded, and frees it before returning. Posts an ERROR message and returns false when it cannot.
-// Where the text encoder runs: text-device, else the model's device and dtype. Throws for a bad text-device.
-latent::TextEncoder::Options text_options(const Impl& impl, const Settings& s) {
-  latent::TextEncoder::Options options;
-  options.device = s.text_device.empty() ? impl.model_options.device : latent::resolve_device(s.text_device);
-  options.dtype = options.device == impl.model_options.device ? impl.model_options.dtype
-                                                              : latent::resolve_dtype("auto", options.device);
-  return options;
+// The settings with the prompt as the properties give it now.
+Settings settings_of(GstVideoGen* self) {
+  Impl& s = *self->impl;
+  GST_OBJECT_LOCK(self);
+  Settings settings = s.settings;
+  GST_OBJECT_UNLOCK(self);
+  const latent::gst::PromptControl::Choice choice = s.prompts->choice();
+  settings.prompt = choice.prompt;
+  settings.prompt_embeds = choice.embeds;
+  settings.text_device = choice.text_device;
+  return settings;
 }
 
+// Runs the model folder's text encoder when the prompts (or where they are encoded) differ from those last
+// encoded. Posts an ERROR message and returns false when it cannot.
 bool encode_prompts(GstVideoGen* self, const Settings& s) {
   Impl& impl = *self->impl;
   if (!s.prompt || !impl.denoiser || impl.denoiser->spec().text_tokens == 0) return true;  // plan_run says why
   const std::optional<std::string> negative = latent::gst::negative_to_encode(impl.denoiser->spec(), s);
-  latent::TextEncoder::Options options;
-  try {
-    options = text_options(impl, s);
-  } catch (const std::exception& e) {
-    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", e.what()), ("text-device property: %s", s.text_device.c_str()));
-    return false;
-  }
+  const latent::TextEncoder::Options options = impl.prompts->encoder_options();
   std::vector<latent::gst::ScheduledPrompt> schedule;
   try {
     schedule = latent::gst::parse_prompt_schedule(s.prompt_schedule);
@@ -361,10 +354,12 @@ bool encode_prompts(GstVideoGen* self, const Settings& s) {
   impl.encoded_key.clear();
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    impl.encoded = latent::encode_prompts(impl.model_path, *s.prompt, negative, options);
-    impl.scheduled.clear();
-    for (const latent::gst::ScheduledPrompt& p : schedule)
-      impl.scheduled.push_back(latent::encode_prompts(impl.model_path, p.text, std::nullopt, options).prompt);
+    std::vector<std::string> texts{*s.prompt};
+    if (negative) texts.push_back(*negative);
+    for (const latent::gst::ScheduledPrompt& p : schedule) texts.push_back(p.text);
+    std::vector<torch::Tensor> made = impl.prompts->encode(texts);
+    impl.encoded = {made[0], negative ? made[1] : torch::Tensor()};
+    impl.scheduled.assign(made.begin() + (negative ? 2 : 1), made.end());
     impl.encoded_key = key;
     GST_INFO_OBJECT(self, "encoded %s on %s as %s in %.2f s",
                     negative ? "the prompt and the negative prompt" : "the prompt", options.device.str().c_str(),
@@ -383,39 +378,6 @@ bool encode_prompts(GstVideoGen* self, const Settings& s) {
   return false;
 }
 
-// prompt or prompt-embeds set while a causal run plays: the new prompt is encoded (or read) off the streaming
-// thread and takes effect at the next block start; other runs read the properties at their next start.
-void switch_prompt_while_playing(GstVideoGen* self) {
-  Impl& impl = *self->impl;
-  {
-    std::lock_guard<std::mutex> lock(impl.run_lock);
-    if (!impl.run || !impl.run->generator || !impl.run->causal) return;
-  }
-  GST_OBJECT_LOCK(self);
-  const Settings s = impl.settings;
-  GST_OBJECT_UNLOCK(self);
-  if (s.prompt) {
-    latent::TextEncoder::Options options;
-    try {
-      options = text_options(impl, s);
-    } catch (const std::exception& e) {
-      GST_ELEMENT_WARNING(self, RESOURCE, NOT_FOUND, ("Cannot switch the prompt: %s", e.what()), (nullptr));
-      return;
-    }
-    const std::string model = impl.model_path, prompt = *s.prompt;
-    impl.switcher->submit(
-        prompt, [=] { return latent::encode_prompts(model, prompt, std::nullopt, options).prompt.to(torch::kFloat); });
-  } else if (!s.prompt_embeds.empty()) {
-    const std::string path = s.prompt_embeds;
-    impl.switcher->submit(path, [=] {
-      latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
-      if (!file.contains("prompt_embeds"))
-        throw std::invalid_argument("prompt-embeds file " + path + " has no tensor \"prompt_embeds\"");
-      return file.tensor("prompt_embeds").to(torch::kFloat).clone();
-    });
-  }
-}
-
 void set_made_caps(GstVideoGen* self, GstCaps* caps) {
   GST_OBJECT_LOCK(self);
   gst_caps_replace(&self->impl->caps, caps);
@@ -425,9 +387,7 @@ void set_made_caps(GstVideoGen* self, GstCaps* caps) {
 gboolean start(GstBaseSrc* base) {
   auto* self = GST_VIDEO_GEN(base);
   Impl& s = *self->impl;
-  GST_OBJECT_LOCK(self);
-  const Settings settings = s.settings;
-  GST_OBJECT_UNLOCK(self);
+  const Settings settings = settings_of(self);
   if (!s.denoiser) {
     GST_ELEMENT_ERROR(self, CORE, STATE_CHANGE, ("No model loaded."), (nullptr));
     return FALSE;
@@ -459,6 +419,8 @@ gboolean start(GstBaseSrc* base) {
   s.timeline.reset();
   s.warned_late = false;
   s.first_request = GST_CLOCK_TIME_NONE;
+  // Prompts set while playing switch a causal run; other runs read the properties at their next start.
+  if (s.run->causal) s.prompts->start();
   GstCaps* made = s.run->caps.to_caps();
   set_made_caps(self, made);
   gst_caps_unref(made);
@@ -473,7 +435,7 @@ gboolean stop(GstBaseSrc* base) {
   auto* self = GST_VIDEO_GEN(base);
   Impl& s = *self->impl;
   // Before run_lock: a delivery in progress takes it.
-  s.switcher->cancel();
+  s.prompts->stop();
   {
     std::lock_guard<std::mutex> lock(s.run_lock);
     if (s.run && s.run->generator) {
@@ -493,27 +455,7 @@ gboolean negotiate(GstBaseSrc* base) {
   auto* self = GST_VIDEO_GEN(base);
   Impl& s = *self->impl;
   if (!s.run) return FALSE;
-  GstCaps* ours = s.run->caps.to_caps();
-  GstCaps* accepted = gst_pad_peer_query_caps(GST_BASE_SRC_PAD(base), ours);
-  const bool fits = !gst_caps_is_empty(accepted);
-  gst_caps_unref(accepted);
-  if (!fits) {
-    GstCaps* wanted = gst_pad_peer_query_caps(GST_BASE_SRC_PAD(base), nullptr);
-    gchar* want = gst_caps_to_string(wanted);
-    const LatentCapsInfo& c = s.run->caps;
-    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION,
-                      ("The generator makes latents of model '%s' (%d channels, %dx%d latents for %dx%d video); "
-                       "downstream accepts none of them.",
-                       c.model.c_str(), c.channels, c.width, c.height, c.video_width, c.video_height),
-                      ("downstream accepts %s", want));
-    g_free(want);
-    gst_caps_unref(wanted);
-    gst_caps_unref(ours);
-    return FALSE;
-  }
-  gboolean ok = gst_base_src_set_caps(base, ours);
-  gst_caps_unref(ours);
-  return ok;
+  return latent::gst::negotiate_fixed_latents(base, s.run->caps, "The generator makes");
 }
 
 GstCaps* get_caps(GstBaseSrc* base, GstCaps* filter) {
@@ -553,7 +495,7 @@ gboolean src_event(GstBaseSrc* base, GstEvent* event) {
     GST_OBJECT_LOCK(base);
     const GstClockTime max_lateness = s.max_lateness;
     GST_OBJECT_UNLOCK(base);
-    s.timeline.sink_lateness(diff, max_lateness);
+    s.timeline.sink_lateness(diff, timestamp, max_lateness);
   }
   if (GST_EVENT_TYPE(event) == GST_EVENT_SEEK) {
     GstFormat format;
@@ -621,9 +563,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     static const latent::gst::DefaultModel generator{
         "generator", latent::find_default_generator,
         "a .pt2 package from tools/export_denoiser.py or latent-gen-small weights"};
-    GST_OBJECT_LOCK(self);
-    Settings settings = s.settings;
-    GST_OBJECT_UNLOCK(self);
+    Settings settings = settings_of(self);
     // Under torchrun each process takes its own GPU, as torchrun's LOCAL_RANK says, unless a device is named: the
     // same rule as the VAE elements', so a process's transformer and VAE share its GPU.
     if (!latent::gst::place_on_local_rank(element, settings.model)) return GST_STATE_CHANGE_FAILURE;
@@ -647,7 +587,18 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       if (!loaded) break;
       s.ranks.push_back(shared);
     }
-    if (loaded) s.denoiser = s.ranks.front();
+    if (loaded) {
+      s.denoiser = s.ranks.front();
+      const latent::DenoiserSpec& spec = s.denoiser->spec();
+      try {
+        s.prompts->attach({s.model_path, s.model_options, spec.text_tokens, spec.text_dim,
+                           settings.schedule == int(latent::ScheduleKind::causal)});
+      } catch (const std::exception& e) {
+        GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", e.what()),
+                          ("text-device property: %s", settings.text_device.c_str()));
+        loaded = false;
+      }
+    }
     // The prompt is encoded here so a missing or broken text encoder fails at READY, and again at the start of a
     // run only if the prompts changed meanwhile.
     if (!loaded || !encode_prompts(self, settings)) {
@@ -658,6 +609,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   }
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_video_gen_parent_class)->change_state(element, transition);
   if (transition == GST_STATE_CHANGE_READY_TO_NULL) {
+    s.prompts->detach();
     s.denoiser.reset();
     s.ranks.clear();
     s.encoded = {};
@@ -676,11 +628,11 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   auto* self = GST_VIDEO_GEN(object);
   Settings& s = self->impl->settings;
   if (latent::gst::set_model_property(object, s.model, id, value)) return;
+  if (self->impl->prompts->set_property(id, value, GST_STATE(self) >= GST_STATE_PAUSED)) return;
   if (id == PROP_IS_LIVE) {
     gst_base_src_set_live(GST_BASE_SRC(self), g_value_get_boolean(value));
     return;
   }
-  bool prompt_changed = false;
   GST_OBJECT_LOCK(self);
   switch (id) {
     case PROP_SCHEDULE: s.schedule = g_value_get_enum(value); break;
@@ -710,18 +662,7 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
       break;
     case PROP_WINDOW: s.window = g_value_get_uint(value); break;
     case PROP_CONTEXT: s.context = g_value_get_int(value); break;
-    case PROP_PROMPT_EMBEDS:
-      s.prompt_embeds = g_value_get_string(value) ? g_value_get_string(value) : "";
-      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, false, s.prompt, s.prompt_embeds);
-      prompt_changed = true;
-      break;
-    case PROP_PROMPT:
-      s.prompt = optional_string(value);
-      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, true, s.prompt, s.prompt_embeds);
-      prompt_changed = true;
-      break;
     case PROP_NEGATIVE_PROMPT: s.negative_prompt = optional_string(value); break;
-    case PROP_TEXT_DEVICE: s.text_device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_INITIAL_NOISE: s.initial_noise = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     case PROP_GUIDANCE_SCALE_2: s.guidance_2 = g_value_get_double(value); break;
     case PROP_IMAGE: s.image = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
@@ -735,7 +676,6 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
-  if (prompt_changed) switch_prompt_while_playing(self);
 }
 
 void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
@@ -743,6 +683,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   Impl& impl = *self->impl;
   const Settings& s = impl.settings;
   if (latent::gst::get_model_property(object, s.model, id, value)) return;
+  if (impl.prompts->get_property(id, value)) return;
   switch (id) {
     case PROP_IS_LIVE: g_value_set_boolean(value, gst_base_src_is_live(GST_BASE_SRC(self))); return;
     case PROP_LATENTS_OUT: g_value_set_uint64(value, impl.latents.load()); return;
@@ -783,13 +724,11 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_FRAMERATE: gst_value_set_fraction(value, s.framerate.num, s.framerate.den); break;
     case PROP_WINDOW: g_value_set_uint(value, s.window); break;
     case PROP_CONTEXT: g_value_set_int(value, s.context); break;
-    case PROP_PROMPT: g_value_set_string(value, s.prompt ? s.prompt->c_str() : nullptr); break;
     case PROP_PARALLEL: g_value_set_string(value, s.parallel.c_str()); break;
     case PROP_FORMAT: g_value_set_enum(value, int(s.format)); break;
     case PROP_NEGATIVE_PROMPT:
       g_value_set_string(value, s.negative_prompt ? s.negative_prompt->c_str() : nullptr);
       break;
-    case PROP_TEXT_DEVICE: g_value_set_string(value, s.text_device.empty() ? nullptr : s.text_device.c_str()); break;
     case PROP_INITIAL_NOISE:
       g_value_set_string(value, s.initial_noise.empty() ? nullptr : s.initial_noise.c_str());
       break;
@@ -810,7 +749,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
 
 void finalize(GObject* object) {
   // First: its worker may still deliver to the run.
-  GST_VIDEO_GEN(object)->impl->switcher.reset();
+  GST_VIDEO_GEN(object)->impl->prompts.reset();
   gst_caps_replace(&GST_VIDEO_GEN(object)->impl->caps, nullptr);
   delete GST_VIDEO_GEN(object)->impl;
   G_OBJECT_CLASS(gst_video_gen_parent_class)->finalize(object);
@@ -941,33 +880,21 @@ void install_properties(GObjectClass* gobject) {
                        "rolling: clean latent frames carried into each window; -1: a quarter of the window (at "
                        "least 1)",
                        -1, 4095, kAutoContext, rw));
-  g_object_class_install_property(
-      gobject, PROP_PROMPT_EMBEDS,
-      g_param_spec_string("prompt-embeds", "Prompt embeddings",
-                          "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (and "
-                          "negative_prompt_embeds for guidance), e.g. from latent-prompt or for a .pt2 model. "
-                          "schedule=causal: tensors prompt_embeds@N switch to their prompt at latent frame N, and "
-                          "setting the property while playing switches at the next block",
-                          nullptr, playing));
-  g_object_class_install_property(
-      gobject, PROP_PROMPT,
-      g_param_spec_string("prompt", "Prompt",
-                          "What to generate, for a model given as a diffusers pipeline folder: its text encoder "
-                          "encodes it once (then its weights are freed) and the embeddings condition every frame. "
-                          "schedule=causal: set while playing, it is encoded aside and the stream switches to it at "
-                          "the next block start (LongLive's KV re-cache; a latent-prompt tag marks where)",
-                          nullptr, playing));
+  latent::gst::PromptControl::install_properties(
+      gobject, {PROP_PROMPT, PROP_PROMPT_EMBEDS, PROP_TEXT_DEVICE},
+      "What to generate, for a model given as a diffusers pipeline folder: its text encoder encodes it once (then "
+      "its weights are freed) and the embeddings condition every frame. schedule=causal: set while playing, it is "
+      "encoded aside by the encoder kept loaded (text-device) and the stream switches to it at the next block start "
+      "(LongLive's KV re-cache; a latent-prompt tag marks where); a seek to the start keeps it",
+      "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (and negative_prompt_embeds for "
+      "guidance), e.g. from latent-prompt or for a .pt2 model. schedule=causal: tensors prompt_embeds@N switch to "
+      "their prompt at latent frame N, and setting the property while playing switches at the next block (a file "
+      "that cannot be read, or of the wrong shape, is a warning and the stream goes on)");
   g_object_class_install_property(
       gobject, PROP_NEGATIVE_PROMPT,
       g_param_spec_string("negative-prompt", "Negative prompt",
                           "What to steer away from with classifier-free guidance (guidance-scale above 1); unset: "
                           "the empty prompt, as diffusers' pipelines do",
-                          nullptr, rw));
-  g_object_class_install_property(
-      gobject, PROP_TEXT_DEVICE,
-      g_param_spec_string("text-device", "Text encoder device",
-                          "Where the prompt is encoded (cpu, cuda, cuda:N); unset: the model's device. cpu keeps "
-                          "the text encoder off a small GPU, at the cost of a slower start",
                           nullptr, rw));
   g_object_class_install_property(
       gobject, PROP_INITIAL_NOISE,
@@ -986,8 +913,9 @@ void install_properties(GObjectClass* gobject) {
   g_object_class_install_property(
       gobject, PROP_IMAGE,
       g_param_spec_string("image", "Image",
-                          "Image to video (Wan 2.2 TI2V folders): a picture in any format GStreamer decodes, scaled "
-                          "to width x height (Lanczos), encoded by the folder's VAE as the clip's first frame, which "
+                          "Image to video (Wan 2.2 TI2V folders): a still PNG or JPEG file (at most 16384 pixels a "
+                          "side, 64 megapixels), scaled to width x height (Lanczos), encoded by the folder's VAE as "
+                          "the clip's first frame, which "
                           "every step keeps clean; the clip schedule",
                           nullptr, rw));
   g_object_class_install_property(
@@ -1065,10 +993,7 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
   gobject->finalize = finalize;
   element->change_state = change_state;
   install_properties(gobject);
-  gst_tag_register(kPromptTag, GST_TAG_FLAG_META, G_TYPE_STRING, "latent prompt",
-                   "the prompt a causal run switched to (its text, or the embeddings it came from)", nullptr);
-  gst_tag_register(kPromptIndexTag, GST_TAG_FLAG_META, G_TYPE_UINT, "latent prompt index",
-                   "the number of the prompt a causal run switched to (0: its first)", nullptr);
+  latent::gst::PromptControl::register_tags();
 
   GstCaps* caps = gst_caps_from_string(latent::gst::latent_template_caps_string().c_str());
   gst_element_class_add_pad_template(element, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, caps));
@@ -1106,19 +1031,16 @@ static void gst_video_gen_class_init(GstVideoGenClass* klass) {
 static void gst_video_gen_init(GstVideoGen* self) {
   self->impl = new Impl();
   Impl& impl = *self->impl;
-  impl.switcher = std::make_unique<latent::gst::PromptSwitcher>(
-      [self, &impl](const torch::Tensor& embeddings, const std::string& label) {
+  impl.prompts = std::make_unique<latent::gst::PromptControl>(
+      GST_ELEMENT(self), latent::gst::PromptControl::PropertyIds{PROP_PROMPT, PROP_PROMPT_EMBEDS, PROP_TEXT_DEVICE},
+      [self, &impl](const latent::gst::PromptControl::Switched& p) {
         try {
           std::lock_guard<std::mutex> lock(impl.run_lock);
-          if (impl.run && impl.run->generator) impl.run->generator->switch_prompt(embeddings, label);
+          if (impl.run && impl.run->generator) impl.run->generator->switch_prompt(p.embeddings, p.label);
         } catch (const std::exception& e) {
           GST_ELEMENT_WARNING(self, RESOURCE, SETTINGS,
-                              ("Cannot switch to the prompt \"%s\": %s", label.c_str(), e.what()), (nullptr));
+                              ("Cannot switch to the prompt \"%s\": %s", p.label.c_str(), e.what()), (nullptr));
         }
-      },
-      [self](const std::string& label, const std::string& error) {
-        GST_ELEMENT_WARNING(self, RESOURCE, OPEN_READ,
-                            ("Cannot switch to the prompt \"%s\": %s", label.c_str(), error.c_str()), (nullptr));
       });
   gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_TIME);
 }

@@ -20,7 +20,7 @@
 #include "latent/vae/vae.h"
 #include "latent_caps.h"
 #include "model_glue.h"
-#include "prompt_switcher.h"
+#include "prompt_control.h"
 
 GST_DEBUG_CATEGORY_STATIC(video_restyle_debug);
 #define GST_CAT_DEFAULT video_restyle_debug
@@ -29,8 +29,6 @@ using latent::gst::LatentCapsInfo;
 using latent::gst::LatentFrameStamp;
 
 namespace {
-
-constexpr const char* kPromptTag = "latent-prompt";
 
 enum {
   PROP_TRANSFORMER_WEIGHTS = latent::gst::PROP_FIRST_FREE,
@@ -48,13 +46,12 @@ enum {
   PROP_LATENTS_IN,
   PROP_LATENTS_OUT,
   PROP_DROPPED,
+  PROP_TEXT_DEVICE,
 };
 
 struct Settings {
   latent::gst::ModelSettings model;
   std::string transformer_weights, lora;
-  std::optional<std::string> prompt;
-  std::string prompt_embeds;
   double strength = 0.8;
   std::string denoising_steps = "700,500";
   guint kv_window = 6, sink_frames = 3;
@@ -84,7 +81,7 @@ struct Impl {
   std::mutex switch_lock;  // a prompt delivered while playing, taken at the next frame
   torch::Tensor next_text;
   std::string next_label;
-  std::unique_ptr<latent::gst::PromptSwitcher> switcher;
+  std::unique_ptr<latent::gst::PromptControl> prompts;
 
   std::mutex qos_lock;
   GstClockTime earliest = GST_CLOCK_TIME_NONE;  // downstream's QoS: output running times before it are late
@@ -126,37 +123,22 @@ latent::RestyleOptions restyle_options(const Settings& s, const torch::Tensor& t
   return o;
 }
 
-torch::Tensor read_prompt_embeds(const std::string& path) {
-  latent::SafetensorsFile file = latent::SafetensorsFile::open(path);
-  if (!file.contains("prompt_embeds"))
-    throw std::invalid_argument("prompt-embeds file " + path +
-                                " has no tensor \"prompt_embeds\" (write it with "
-                                "latent-prompt)");
-  return file.tensor("prompt_embeds").to(torch::kFloat).clone();
-}
-
-// The embeddings of the prompt settings, made again only when they changed. Posts an ERROR and returns false.
-bool make_text(GstVideoRestyle* self, const Settings& s) {
+// The embeddings of the prompt properties, made again only when they changed. Posts an ERROR and returns false.
+bool make_text(GstVideoRestyle* self) {
   Impl& impl = *self->impl;
-  if (s.prompt && !s.prompt_embeds.empty()) {
+  const latent::gst::PromptControl::Choice c = impl.prompts->choice();
+  if (c.prompt && !c.embeds.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Set prompt or prompt-embeds, not both."), (nullptr));
     return false;
   }
-  if (!s.prompt && s.prompt_embeds.empty()) {
+  if (!c.prompt && c.embeds.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("No prompt: set prompt or prompt-embeds."), (nullptr));
     return false;
   }
-  const std::string key = s.prompt ? "prompt\n" + *s.prompt : "file\n" + s.prompt_embeds;
+  const std::string key = c.prompt ? "prompt\n" + *c.prompt : "file\n" + c.embeds;
   if (key == impl.text_key && impl.text.defined()) return true;
   try {
-    if (s.prompt) {
-      latent::TextEncoder::Options options;
-      options.device = impl.model_options.device;
-      options.dtype = impl.model_options.dtype;
-      impl.text = latent::encode_prompts(impl.model_path, *s.prompt, std::nullopt, options).prompt.to(torch::kFloat);
-    } else {
-      impl.text = read_prompt_embeds(s.prompt_embeds);
-    }
+    impl.text = c.prompt ? impl.prompts->encode({*c.prompt})[0].to(torch::kFloat) : impl.prompts->read_embeds(c.embeds);
     impl.text_key = key;
     return true;
   } catch (const std::exception& e) {
@@ -258,9 +240,7 @@ void take_switched_prompt(GstVideoRestyle* self) {
   }
   s.restyler->set_text(text);
   GST_INFO_OBJECT(self, "prompt switched to '%s' from frame %" G_GINT64_FORMAT, label.c_str(), s.restyler->frames_in());
-  GstTagList* tags = gst_tag_list_new(kPromptTag, label.c_str(), nullptr);
-  gst_tag_list_set_scope(tags, GST_TAG_SCOPE_STREAM);
-  s.held.hold(gst_event_new_tag(tags), uint64_t(s.restyler->frames_in()));
+  s.held.hold(latent::gst::PromptControl::tag_event(label), uint64_t(s.restyler->frames_in()));
 }
 
 GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
@@ -346,7 +326,10 @@ bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
       s.raw_mean = torch::tensor(stats.mean, torch::kDouble).to(torch::kFloat).view({-1, 1, 1});
       s.raw_std = torch::tensor(stats.std, torch::kDouble).to(torch::kFloat).view({-1, 1, 1});
     }
-    s.restyler = std::make_unique<latent::Restyler>(s.denoiser, restyle_options(settings, s.text));
+    // New caps start a new stream under the prompt the last one played (a live switch), not the first.
+    const std::optional<latent::gst::PromptControl::Switched> latest = s.prompts->latest();
+    s.restyler =
+        std::make_unique<latent::Restyler>(s.denoiser, restyle_options(settings, latest ? latest->embeddings : s.text));
   } catch (const std::exception& e) {
     // e.g. raw-input for latents of a space without published statistics
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot restyle with these settings: %s", e.what()),
@@ -428,32 +411,37 @@ gboolean src_event(GstPad* pad, GstObject* parent, GstEvent* event) {
   return gst_pad_event_default(pad, parent, event);
 }
 
+// Latents of the model's latent space and channels pass through unchanged in every other field: a caps query
+// on either pad answers those, narrowed by what the other side's peer takes, so a mismatch fails negotiation
+// instead of ending the stream.
+GstCaps* restylable_caps(GstVideoRestyle* self, GstPad* pad) {
+  GstCaps* ours = gst_pad_get_pad_template_caps(pad);
+  if (const std::shared_ptr<const latent::Denoiser> d = self->impl->denoiser) {
+    gst_caps_unref(ours);
+    ours = gst_caps_from_string(latent::gst::latent_template_caps_string(d->spec().latent_space).c_str());
+    gst_caps_set_simple(ours, "channels", G_TYPE_INT, int(d->spec().channels), nullptr);
+  }
+  GstPad* other = pad == self->sinkpad ? self->srcpad : self->sinkpad;
+  GstCaps* peer = gst_pad_peer_query_caps(other, ours);
+  GstCaps* caps = gst_caps_intersect(ours, peer);
+  gst_caps_unref(ours);
+  gst_caps_unref(peer);
+  return caps;
+}
+
+gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+  auto* self = GST_VIDEO_RESTYLE(parent);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS) return latent::gst::answer_caps_query(query, restylable_caps(self, pad));
+  if (GST_QUERY_TYPE(query) == GST_QUERY_ACCEPT_CAPS) return latent::gst::accept_template_caps(pad, query);
+  return gst_pad_query_default(pad, parent, query);
+}
+
 gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
   auto* self = GST_VIDEO_RESTYLE(parent);
   if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
     return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(self));
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS) return latent::gst::answer_caps_query(query, restylable_caps(self, pad));
   return gst_pad_query_default(pad, parent, query);
-}
-
-// prompt or prompt-embeds set while a stream plays: made off the streaming thread, taken at the next frame.
-void switch_prompt_while_playing(GstVideoRestyle* self) {
-  Impl& s = *self->impl;
-  GST_OBJECT_LOCK(self);
-  const Settings settings = s.settings;
-  const bool active = s.in.has_value();
-  GST_OBJECT_UNLOCK(self);
-  if (!active || !s.switcher) return;
-  if (settings.prompt) {
-    latent::TextEncoder::Options options;
-    options.device = s.model_options.device;
-    options.dtype = s.model_options.dtype;
-    const std::string model = s.model_path, prompt = *settings.prompt;
-    s.switcher->submit(
-        prompt, [=] { return latent::encode_prompts(model, prompt, std::nullopt, options).prompt.to(torch::kFloat); });
-  } else if (!settings.prompt_embeds.empty()) {
-    const std::string path = settings.prompt_embeds;
-    s.switcher->submit(path, [=] { return read_prompt_embeds(path); });
-  }
 }
 
 GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
@@ -475,8 +463,10 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
             s.denoiser = latent::load_denoiser(path, o, latent::gst::denoiser_files(files));
             s.model_path = path;
             s.model_options = o;
+            const latent::DenoiserSpec& spec = s.denoiser->spec();
+            s.prompts->attach({path, o, spec.text_tokens, spec.text_dim, true});
           });
-      if (!loaded || !make_text(self, settings)) {
+      if (!loaded || !make_text(self)) {
         s.denoiser.reset();
         return GST_STATE_CHANGE_FAILURE;
       }
@@ -486,7 +476,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       GST_OBJECT_LOCK(self);
       const Settings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
-      if (!make_text(self, settings)) return GST_STATE_CHANGE_FAILURE;
+      if (!make_text(self)) return GST_STATE_CHANGE_FAILURE;
       try {
         latent::gst::parse_denoising_steps(settings.denoising_steps);
       } catch (const std::invalid_argument& e) {
@@ -500,6 +490,8 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       gst_segment_init(&s.segment, GST_FORMAT_UNDEFINED);
       std::lock_guard<std::mutex> lock(s.qos_lock);
       s.earliest = GST_CLOCK_TIME_NONE;
+      // Prompts set from here on switch the stream, also before its first caps.
+      s.prompts->start();
       break;
     }
     default: break;
@@ -507,7 +499,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_video_restyle_parent_class)->change_state(element, transition);
   switch (transition) {
     case GST_STATE_CHANGE_PAUSED_TO_READY:
-      s.switcher->cancel();
+      s.prompts->stop();
       s.restyler.reset();
       s.held.clear();
       s.stamps.clear();
@@ -521,6 +513,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       }
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
+      s.prompts->detach();
       s.denoiser.reset();
       s.text = torch::Tensor();
       s.text_key.clear();
@@ -530,36 +523,21 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   return ret;
 }
 
-std::optional<std::string> optional_string(const GValue* value) {
-  const gchar* v = g_value_get_string(value);
-  return v ? std::optional<std::string>(v) : std::nullopt;
-}
-
 void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
   auto* self = GST_VIDEO_RESTYLE(object);
   Impl& impl = *self->impl;
   Settings& s = impl.settings;
   if (latent::gst::set_model_property(object, s.model, id, value)) return;
+  if (impl.prompts->set_property(id, value, GST_STATE(self) >= GST_STATE_PAUSED)) return;
   if (id == PROP_QOS) {
     impl.qos = g_value_get_boolean(value);
     return;
   }
-  bool prompt_changed = false;
   GST_OBJECT_LOCK(self);
   const auto text = [&] { return g_value_get_string(value) ? std::string(g_value_get_string(value)) : std::string(); };
   switch (id) {
     case PROP_TRANSFORMER_WEIGHTS: s.transformer_weights = text(); break;
     case PROP_LORA: s.lora = text(); break;
-    case PROP_PROMPT:
-      s.prompt = optional_string(value);
-      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, true, s.prompt, s.prompt_embeds);
-      prompt_changed = true;
-      break;
-    case PROP_PROMPT_EMBEDS:
-      s.prompt_embeds = text();
-      latent::gst::keep_one_prompt(GST_STATE(self) >= GST_STATE_PAUSED, false, s.prompt, s.prompt_embeds);
-      prompt_changed = true;
-      break;
     case PROP_STRENGTH: s.strength = g_value_get_double(value); break;
     case PROP_DENOISING_STEPS: s.denoising_steps = text(); break;
     case PROP_KV_WINDOW: s.kv_window = g_value_get_uint(value); break;
@@ -570,7 +548,6 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
-  if (prompt_changed) switch_prompt_while_playing(self);
 }
 
 void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
@@ -578,13 +555,12 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   Impl& impl = *self->impl;
   const Settings& s = impl.settings;
   if (latent::gst::get_model_property(object, s.model, id, value)) return;
+  if (impl.prompts->get_property(id, value)) return;
   GST_OBJECT_LOCK(self);
   const auto set_text = [&](const std::string& v) { g_value_set_string(value, v.empty() ? nullptr : v.c_str()); };
   switch (id) {
     case PROP_TRANSFORMER_WEIGHTS: set_text(s.transformer_weights); break;
     case PROP_LORA: set_text(s.lora); break;
-    case PROP_PROMPT: g_value_set_string(value, s.prompt ? s.prompt->c_str() : nullptr); break;
-    case PROP_PROMPT_EMBEDS: set_text(s.prompt_embeds); break;
     case PROP_STRENGTH: g_value_set_double(value, s.strength); break;
     case PROP_DENOISING_STEPS: g_value_set_string(value, s.denoising_steps.c_str()); break;
     case PROP_KV_WINDOW: g_value_set_uint(value, s.kv_window); break;
@@ -603,7 +579,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
 
 void finalize(GObject* object) {
   auto* self = GST_VIDEO_RESTYLE(object);
-  self->impl->switcher.reset();  // joins its thread before the state it delivers to goes
+  self->impl->prompts.reset();  // joins its thread before the state it delivers to goes
   delete self->impl;
   G_OBJECT_CLASS(gst_video_restyle_parent_class)->finalize(object);
 }
@@ -636,18 +612,13 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
       gobject, PROP_LORA,
       g_param_spec_string("lora", "LoRA", "LoRA files merged into the transformer at load: \"FILE:SCALE,...\"", nullptr,
                           ready));
-  g_object_class_install_property(
-      gobject, PROP_PROMPT,
-      g_param_spec_string("prompt", "Prompt",
-                          "The style, encoded by the folder's text encoder. Set while playing, it is encoded off the "
-                          "streaming thread and takes effect at the next frame (a latent-prompt tag marks where)",
-                          nullptr, playing));
-  g_object_class_install_property(
-      gobject, PROP_PROMPT_EMBEDS,
-      g_param_spec_string("prompt-embeds", "Prompt embeddings",
-                          "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (latent-prompt "
-                          "writes one); may be set while playing",
-                          nullptr, playing));
+  latent::gst::PromptControl::install_properties(
+      gobject, {PROP_PROMPT, PROP_PROMPT_EMBEDS, PROP_TEXT_DEVICE},
+      "The style, encoded by the folder's text encoder (kept loaded: text-device). Set while playing, also before "
+      "the first caps, it is encoded off the streaming thread and takes effect at the next frame (a latent-prompt "
+      "tag marks where); new caps keep it",
+      "Instead of prompt: a safetensors file with tensor prompt_embeds [1, L, D] (latent-prompt writes one); may be "
+      "set while playing (a file that cannot be read, or of the wrong shape, is a warning and the stream goes on)");
   g_object_class_install_property(
       gobject, PROP_STRENGTH,
       g_param_spec_double("strength", "Strength",
@@ -707,8 +678,7 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
       g_param_spec_uint64("dropped", "Dropped", "Input frames skipped because their output would be late (qos)", 0,
                           G_MAXUINT64, 0, ro));
 
-  gst_tag_register(kPromptTag, GST_TAG_FLAG_META, G_TYPE_STRING, "latent prompt",
-                   "the prompt the latents from here on are made under", nullptr);
+  latent::gst::PromptControl::register_tags();
 
   gst_element_class_set_static_metadata(
       element, "Streaming video-to-video", "Filter/Effect/Video",
@@ -731,21 +701,19 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
 static void gst_video_restyle_init(GstVideoRestyle* self) {
   self->impl = new Impl();
   Impl* impl = self->impl;
-  impl->switcher = std::make_unique<latent::gst::PromptSwitcher>(
-      [impl](const torch::Tensor& text, const std::string& label) {
+  impl->prompts = std::make_unique<latent::gst::PromptControl>(
+      GST_ELEMENT(self), latent::gst::PromptControl::PropertyIds{PROP_PROMPT, PROP_PROMPT_EMBEDS, PROP_TEXT_DEVICE},
+      [impl](const latent::gst::PromptControl::Switched& p) {
         std::lock_guard<std::mutex> lock(impl->switch_lock);
-        impl->next_text = text;
-        impl->next_label = label;
-      },
-      [self](const std::string& label, const std::string& error) {
-        GST_ELEMENT_WARNING(self, RESOURCE, OPEN_READ,
-                            ("Cannot switch the prompt to '%s': %s", label.c_str(), error.c_str()), (nullptr));
+        impl->next_text = p.embeddings;
+        impl->next_label = p.label;
       });
   auto* klass = GST_ELEMENT_GET_CLASS(self);
   self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
   gst_pad_set_chain_function(self->sinkpad, chain);
   gst_pad_set_event_function(self->sinkpad, sink_event);
-  GST_PAD_SET_PROXY_CAPS(self->sinkpad);
+  gst_pad_set_query_function(self->sinkpad, sink_query);
+  GST_PAD_SET_PROXY_CAPS(self->sinkpad);  // the caps event goes on as it came
   gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
   self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
   gst_pad_set_event_function(self->srcpad, src_event);

@@ -1,13 +1,18 @@
-// Decoding the image with a small pipeline of its own, so every format a GStreamer install reads is taken.
+// Decoding the image with a small pipeline of its own: a still PNG or JPEG file, told by its first bytes, through
+// its decoder alone. No typefinding and no demuxers: decodebin would follow a playlist's URLs or open an SDP's
+// sockets for a file named .png. The size a file declares is checked before anything is decoded.
 #include "generation_image.h"
 
 #include <gst/gst.h>
 #include <gst/video/video.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
+#include <vector>
 
 #include "latent/runtime/shared_models.h"
 #include "latent/vae/streaming.h"
@@ -41,15 +46,77 @@ void on_handoff(GstElement*, GstBuffer* buffer, GstPad* pad, gpointer data) {
   first->rgb = rgb;
 }
 
+// Limits of what image= decodes: a picture's sides, its pixels (at 3 bytes each, 192 MiB decoded) and its file.
+constexpr uint32_t kMaxSide = 16384;
+constexpr uint64_t kMaxPixels = uint64_t(8192) * 8192;
+constexpr uintmax_t kMaxFileBytes = uintmax_t(256) << 20;
+constexpr auto kDecodeDeadline = std::chrono::seconds(60);
+
+struct Declared {
+  const char* decoder;  // the GStreamer element that decodes it
+  uint32_t width = 0, height = 0;
+};
+
+uint32_t big_endian(const unsigned char* p, int bytes) {
+  uint32_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = v << 8 | p[i];
+  return v;
+}
+
+// The format and size the file declares (PNG's IHDR, JPEG's start of frame), or why it is not taken.
+Declared declared_picture(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<unsigned char> head(size_t(1) << 16);
+  in.read(reinterpret_cast<char*>(head.data()), std::streamsize(head.size()));
+  head.resize(size_t(in.gcount()));
+  const auto refuse = [&](const std::string& why) {
+    return std::invalid_argument("image " + path + ": " + why + " (image= takes a still picture: a PNG or JPEG file)");
+  };
+  static const unsigned char png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (head.size() >= 24 && std::memcmp(head.data(), png, 8) == 0) {
+    if (std::memcmp(head.data() + 12, "IHDR", 4) != 0) throw refuse("a PNG file without its header chunk");
+    return {"pngdec", big_endian(head.data() + 16, 4), big_endian(head.data() + 20, 4)};
+  }
+  if (head.size() >= 4 && head[0] == 0xFF && head[1] == 0xD8 && head[2] == 0xFF) {
+    // Markers up to the first start of frame (SOF0-SOF15 but DHT, JPG and DAC), each with its length.
+    size_t i = 2;
+    while (i + 9 < head.size() && head[i] == 0xFF) {
+      const unsigned char marker = head[i + 1];
+      if (marker == 0xFF) {
+        ++i;
+        continue;
+      }
+      const size_t length = big_endian(head.data() + i + 2, 2);
+      if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC)
+        return {"jpegdec", big_endian(head.data() + i + 7, 2), big_endian(head.data() + i + 5, 2)};
+      if (length < 2) break;
+      i += 2 + length;
+    }
+    throw refuse("a JPEG file whose size is not in its first 64 KiB");
+  }
+  throw refuse("not a PNG or JPEG file by its first bytes");
+}
+
 }  // namespace
 
 torch::Tensor read_image(const std::string& path, int width, int height) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     throw std::invalid_argument("image " + path + ": no such file");
+  if (const uintmax_t bytes = std::filesystem::file_size(path, ec); !ec && bytes > kMaxFileBytes)
+    throw std::invalid_argument("image " + path + ": " + std::to_string(bytes >> 20) + " MiB, more than the " +
+                                std::to_string(kMaxFileBytes >> 20) + " MiB a picture is given");
+  const Declared picture = declared_picture(path);
+  if (picture.width == 0 || picture.height == 0 || picture.width > kMaxSide || picture.height > kMaxSide ||
+      uint64_t(picture.width) * picture.height > kMaxPixels)
+    throw std::invalid_argument("image " + path + ": declares " + std::to_string(picture.width) + "x" +
+                                std::to_string(picture.height) + " pixels; a picture is taken up to " +
+                                std::to_string(kMaxSide) + " a side and " + std::to_string(kMaxPixels >> 20) +
+                                " megapixels");
   const std::string description =
-      "filesrc name=src ! decodebin ! videoconvert ! videoscale method=lanczos ! video/x-raw,format=RGB,width=" +
-      std::to_string(width) + ",height=" + std::to_string(height) + ",pixel-aspect-ratio=1/1 ! fakesink name=sink " +
+      "filesrc name=src ! " + std::string(picture.decoder) +
+      " ! videoconvert ! videoscale method=lanczos ! video/x-raw,format=RGB,width=" + std::to_string(width) +
+      ",height=" + std::to_string(height) + ",pixel-aspect-ratio=1/1 ! fakesink name=sink " +
       "signal-handoffs=true sync=false";
   GError* error = nullptr;
   GstElement* pipeline = gst_parse_launch(description.c_str(), &error);
@@ -70,8 +137,13 @@ torch::Tensor read_image(const std::string& path, int width, int height) {
   std::string failure;
   gst_element_set_state(pipeline, GST_STATE_PLAYING);
   GstBus* bus = gst_element_get_bus(pipeline);
-  // Until the first frame, the end or an error; a stream that never ends (an image sequence) stops at its first.
+  // Until the first frame, the end, an error or the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + kDecodeDeadline;
   for (;;) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      failure = "not decoded within " + std::to_string(kDecodeDeadline.count()) + " s";
+      break;
+    }
     GstMessage* msg =
         gst_bus_timed_pop_filtered(bus, 50 * GST_MSECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
     {

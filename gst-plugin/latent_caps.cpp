@@ -320,4 +320,26 @@ std::string LocationPattern::path_for(uint64_t index) const {
   return prefix_ + number + suffix_;
 }
 
+gboolean answer_caps_query(GstQuery* query, GstCaps* caps) {
+  GstCaps* filter = nullptr;
+  gst_query_parse_caps(query, &filter);
+  if (filter) {
+    GstCaps* both = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(caps);
+    caps = both;
+  }
+  gst_query_set_caps_result(query, caps);
+  gst_caps_unref(caps);
+  return TRUE;
+}
+
+gboolean accept_template_caps(GstPad* pad, GstQuery* query) {
+  GstCaps* caps = nullptr;
+  gst_query_parse_accept_caps(query, &caps);
+  GstCaps* templ = gst_pad_get_pad_template_caps(pad);
+  gst_query_set_accept_caps_result(query, gst_caps_is_fixed(caps) && gst_caps_is_subset(caps, templ));
+  gst_caps_unref(templ);
+  return TRUE;
+}
+
 }  // namespace latent::gst

@@ -71,6 +71,12 @@ struct LatentCapsInfo {
 // which is how an element refuses another model's latents at negotiation.
 std::string latent_template_caps_string(std::string_view model = {});
 
+// Answers a CAPS query with `caps` (taken) narrowed by the query's filter.
+gboolean answer_caps_query(GstQuery* query, GstCaps* caps);
+// Answers an ACCEPT_CAPS query on a pad that takes any fixed caps of its template: latents of another model then
+// reach the caps event, whose refusal names both models, instead of a bare not-negotiated.
+gboolean accept_template_caps(GstPad* pad, GstQuery* query);
+
 // ---------------------------------------------------------------------------------------------------------------
 // One buffer = one latent frame, C x H' x W' contiguous little-endian. PTS is the PTS of the first source frame it
 // covers, DURATION the time it covers, OFFSET/OFFSET_END the source frame indices [first, last + 1) it covers.

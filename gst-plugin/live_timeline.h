@@ -24,15 +24,18 @@ class LiveTimeline {
   // `stream_time`: the frame's time from the start of the stream at the nominal frame rate; `now`: the running
   // time at which it exists.
   Stamp stamp(GstClockTime stream_time, GstClockTime now);
-  // A QoS event from downstream: a frame reached a sink `diff` late (negative: early). Beyond `max_lateness`
-  // (GST_CLOCK_TIME_NONE: never), the next frames are moved later by `diff`. Any thread.
-  void sink_lateness(GstClockTimeDiff diff, GstClockTime max_lateness);
+  // A QoS event from downstream: the frame stamped `timestamp` (running time) reached a sink `diff` late
+  // (negative: early). Beyond `max_lateness` (GST_CLOCK_TIME_NONE: never), the next frames are moved later by
+  // `diff`. A report about a frame stamped before the last move is not acted on: with a queue before a slow sink,
+  // every frame of the backlog reports the lateness that move already took back. Any thread.
+  void sink_lateness(GstClockTimeDiff diff, GstClockTime timestamp, GstClockTime max_lateness);
   void reset();
 
  private:
   std::mutex mu_;
   GstClockTime offset_ = GST_CLOCK_TIME_NONE;  // running time minus stream time
   GstClockTime skip_ = 0;                      // from sinks, not applied yet
+  GstClockTime moved_at_ = 0;                  // the first timestamp after the last move
 };
 
 }  // namespace latent::gst

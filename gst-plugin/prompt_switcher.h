@@ -14,17 +14,6 @@
 
 namespace latent::gst {
 
-// prompt and prompt-embeds are one prompt given two ways. Set while the element streams (a live switch), the one
-// set replaces the other: the switch goes to what was set, and a later restart runs it. Set before the stream, both
-// stay, and the start refuses them ("not both"): a launch line naming both is a mistake, not an order. Call with
-// the element's object lock held, after storing the new value.
-inline void keep_one_prompt(bool streaming, bool prompt_was_set, std::optional<std::string>& prompt,
-                            std::string& prompt_embeds) {
-  if (!streaming) return;
-  if (prompt_was_set && prompt) prompt_embeds.clear();
-  if (!prompt_was_set && !prompt_embeds.empty()) prompt.reset();
-}
-
 class PromptSwitcher {
  public:
   // Makes the embeddings (on the worker); throws to report an error.
@@ -37,9 +26,16 @@ class PromptSwitcher {
   PromptSwitcher(const PromptSwitcher&) = delete;
   PromptSwitcher& operator=(const PromptSwitcher&) = delete;
 
-  void submit(const std::string& label, Encode encode);
-  // Drops what waits and waits for an encoding in progress, whose result is then dropped too.
+  // Queues a prompt to encode; false (and dropped) while closed.
+  bool submit(const std::string& label, Encode encode);
+  // Drops what waits and the result of an encoding in progress, without waiting for that encoding (a text encoder
+  // takes seconds, a file may be slow): it ends on the worker and goes nowhere. Waits for a delivery in progress
+  // only, so none reaches the caller's stream once this returns.
   void cancel();
+  // A stream's start and stop: prompts are taken between open() and close(); close() refuses new ones first and
+  // then cancels, so prompts set continually while a pipeline stops cannot keep it waiting.
+  void open();
+  void close();
 
  private:
   struct Job {
@@ -53,7 +49,7 @@ class PromptSwitcher {
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<Job> waiting_;
-  bool busy_ = false, quit_ = false;
+  bool delivering_ = false, quit_ = false, open_ = true;
   uint64_t generation_ = 0;  // cancel() counts up; a result of an older generation is dropped
   std::thread worker_;
 };

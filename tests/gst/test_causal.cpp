@@ -16,9 +16,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "latent/gen/prompts.h"
+#include "latent/gen/text_encoder.h"
 #include "latent/io/safetensors.h"
 #include "prompt_switcher.h"
 
@@ -556,6 +558,112 @@ GST_START_TEST(test_seek_and_restart_replay_the_stream) {
 }
 GST_END_TEST;
 
+// A seek to the start after a live switch replays the stream under the prompt it was switched to, as a restart
+// with that prompt does (the generator used to rebuild from its first prompt).
+GST_START_TEST(test_a_seek_keeps_the_live_prompt) {
+  const auto gen = [](const std::string& file) {
+    return "videogen name=gen model=" + (data() / "pipeline").string() +
+           " transformer-weights=" + (data() / "causal-model.pt").string() + " prompt-embeds=" + file +
+           " schedule=causal seed=9 width=64 height=48 kv-window=6 sink-frames=3 ! "
+           "appsink name=out sync=false max-buffers=2";
+  };
+  const std::string b = embeds("b", {}, "prompt.B");
+  GstElement* pipeline = gst_parse_launch(gen(embeds("a")).c_str(), nullptr);
+  GstElement* g = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  pull(sink, 3);
+  g_object_set(g, "prompt-embeds", b.c_str(), nullptr);
+  pull(sink, 9);  // the switch is read in milliseconds and taken at a block start within these
+  fail_unless(gst_element_seek_simple(pipeline, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH), 0));
+  const std::vector<torch::Tensor> after_seek = pull(sink, 9);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(g);
+  gst_object_unref(pipeline);
+
+  pipeline = gst_parse_launch(gen(b).c_str(), nullptr);
+  sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  const std::vector<torch::Tensor> started_with_b = pull(sink, 9);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(pipeline);
+  for (size_t i = 0; i < after_seek.size(); ++i)
+    fail_unless(torch::equal(after_seek[i], started_with_b[i]), "latent %zu after the seek is not prompt B's", i);
+}
+GST_END_TEST;
+
+// A live element keeps its text encoder loaded: prompts set while playing are encoded without loading it again
+// (umT5-XXL is 11 GB; it used to be loaded for every switch).
+GST_START_TEST(test_live_switches_do_not_load_the_text_encoder_again) {
+  const std::string wan = (pipeline_fixtures() / "wan").string();
+  const std::string desc = "videogen name=gen model=" + wan +
+                           " schedule=causal width=96 height=64 num-frames=45 kv-window=6 seed=3 prompt=\"a red fox\" "
+                           "! appsink name=out sync=false max-buffers=1";
+  GstElement* p = gst_parse_launch(desc.c_str(), nullptr);
+  fail_unless(p != nullptr);
+  TagProbe tags;
+  tags.attach(p);
+  GstElement* gen = gst_bin_get_by_name(GST_BIN(p), "gen");
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(p), "out"));
+  const uint64_t before = latent::TextEncoder::loads();
+  fail_unless(gst_element_set_state(p, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  size_t n = 0;
+  uint64_t started = 0;
+  const char* prompts[] = {"a snowy forest", "a city at night", "a calm sea"};
+  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+    gst_sample_unref(s);
+    if (++n == 1) started = latent::TextEncoder::loads();
+    if (n == 2 || n == 5 || n == 8) g_object_set(gen, "prompt", prompts[(n - 2) / 3], nullptr);
+  }
+  fail_unless(gst_app_sink_is_eos(sink) && n == 12, "the stream gave %zu latents", n);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(gen);
+  gst_object_unref(p);
+  fail_unless_equals_int(started - before, 1);
+  fail_unless(tags.tags.size() >= 1, "no prompt switched");
+  fail_unless_equals_int(latent::TextEncoder::loads() - started, 0);
+}
+GST_END_TEST;
+
+// Stopping never waits for an encoding in progress (a text encoder takes seconds): close() drops its result and
+// returns at once, refuses prompts set after it, and prompts set continually from another thread cannot keep it
+// waiting. An alarm fails a hang.
+GST_START_TEST(test_the_prompt_switcher_stops_without_waiting_for_an_encoding) {
+  ::alarm(30);
+  std::atomic<int> delivered{0};
+  latent::gst::PromptSwitcher switcher([&](const torch::Tensor&, const std::string&) { delivered++; },
+                                       [](const std::string&, const std::string&) {});
+  std::atomic<bool> started{false};
+  switcher.submit("slow", [&] {
+    started = true;
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return torch::zeros({1});
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic<bool> spam{true};
+  std::thread setter([&] {
+    while (spam) switcher.submit("again", [] { return torch::zeros({1}); });
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  switcher.close();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fail_unless(took < 1.0, "close() waited %.2f s for the encoding in progress", took);
+  fail_unless(!switcher.submit("late", [] { return torch::zeros({1}); }), "a prompt after close() was taken");
+  spam = false;
+  setter.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  fail_unless_equals_int(delivered.load(), 0);
+  switcher.open();
+  fail_unless(switcher.submit("next stream", [] { return torch::zeros({1}); }));
+  for (int i = 0; i < 200 && delivered == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  fail_unless_equals_int(delivered.load(), 1);
+  ::alarm(0);
+}
+GST_END_TEST;
+
 GST_START_TEST(test_bad_settings_are_refused_by_name) {
   const std::string a = embeds("a");
   const auto said = [&](const std::string& props) { return error_of(causal_gen(9, "prompt-embeds=" + a + " " + props)); };
@@ -601,12 +709,15 @@ static Suite* causal_suite() {
   tcase_add_test(tc, test_bad_settings_are_refused_by_name);
   tcase_add_test(tc, test_seek_and_restart_replay_the_stream);
   tcase_add_test(tc, test_the_prompt_switcher_calls_back_outside_its_lock);
+  tcase_add_test(tc, test_the_prompt_switcher_stops_without_waiting_for_an_encoding);
+  tcase_add_test(tc, test_a_seek_keeps_the_live_prompt);
   if (pipeline_fixtures().empty())
     latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv): "
                               "prompt-schedule with a text encoder not run");
   else {
     tcase_add_test(tc, test_prompt_schedule_encodes_its_prompts);
     tcase_add_test(tc, test_a_live_switch_by_the_other_property_replaces_it);
+    tcase_add_test(tc, test_live_switches_do_not_load_the_text_encoder_again);
   }
   add_restyle_tests(s);
   return s;

@@ -2,6 +2,7 @@
 // with its hysteresis, and the device a process takes under torchrun.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include "held_events.h"
 #include "latency.h"
 #include "launch_device.h"
+#include "live_timeline.h"
 
 namespace {
 
@@ -144,6 +146,39 @@ std::string refusal(const std::string& requested, const LaunchVariables& env, in
   return "";
 }
 
+// A sink that shows a frame every 60 ms behind a queue, fed a frame every 40 ms: each frame of the backlog reports
+// its own lateness. The timeline moves by the real deficit, not by every report again (it moved 2 to N times the
+// deficit when each report counted).
+GST_START_TEST(test_sink_lateness_of_a_backlog_is_taken_back_once) {
+  constexpr GstClockTime frame = 40 * GST_MSECOND, shown = 60 * GST_MSECOND, max_lateness = 20 * GST_MSECOND;
+  latent::gst::LiveTimeline timeline;
+  struct Shown {
+    GstClockTime at, pts;
+  };
+  std::vector<Shown> shows;  // in order: the sink reports each frame's lateness when it shows it
+  size_t reported = 0;
+  GstClockTime sink_free = 0, moved = 0;
+  for (int i = 0; i < 200; ++i) {
+    const GstClockTime now = GstClockTime(i) * frame;  // the generator keeps up: frames exist on time
+    for (; reported < shows.size() && shows[reported].at <= now; ++reported)
+      timeline.sink_lateness(GstClockTimeDiff(shows[reported].at) - GstClockTimeDiff(shows[reported].pts),
+                             shows[reported].pts, max_lateness);
+    const latent::gst::LiveTimeline::Stamp st = timeline.stamp(now, now);
+    moved += st.skipped + st.late;
+    const GstClockTime show = std::max(sink_free, st.pts);  // in order, when free, never before its time
+    sink_free = show + shown;
+    shows.push_back({show, st.pts});
+  }
+  // The sink needs 60 ms a frame: 200 frames take 12 s, the stream is 8 s long; what the timeline moved stands for
+  // the 4 s the sink fell behind, up to a report's threshold and one frame in flight.
+  const GstClockTime deficit = 200 * (shown - frame);
+  fail_unless(moved <= deficit + deficit / 5, "moved %" GST_TIME_FORMAT " for a deficit of %" GST_TIME_FORMAT,
+              GST_TIME_ARGS(moved), GST_TIME_ARGS(deficit));
+  fail_unless(moved >= deficit / 2, "moved only %" GST_TIME_FORMAT " for a deficit of %" GST_TIME_FORMAT,
+              GST_TIME_ARGS(moved), GST_TIME_ARGS(deficit));
+}
+GST_END_TEST;
+
 GST_START_TEST(test_torchrun_processes_take_the_gpu_of_their_local_rank) {
   g_setenv("WORLD_SIZE", "2", TRUE);
   g_setenv("RANK", "1", TRUE);
@@ -200,6 +235,7 @@ Suite* glue_suite() {
   tcase_add_test(tc, test_events_go_out_before_the_output_that_covers_their_input);
   tcase_add_test(tc, test_a_flush_keeps_sticky_events_only);
   tcase_add_test(tc, test_which_events_wait);
+  tcase_add_test(tc, test_sink_lateness_of_a_backlog_is_taken_back_once);
   tcase_add_test(tc, test_torchrun_processes_take_the_gpu_of_their_local_rank);
   tcase_add_test(tc, test_a_named_device_and_runs_without_torchrun_or_cuda_are_left_alone);
   tcase_add_test(tc, test_a_malformed_or_missing_local_rank_is_refused_by_name);

@@ -6,7 +6,10 @@
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
+#include <limits>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "latent/io/safetensors.h"
 #include "latent/vae/vae.h"
 
+#include <gst/app/gstappsink.h>
 #include <gst/app/gstappsrc.h>
 #include <gst/check/gstcheck.h>
 
@@ -328,6 +332,186 @@ GST_START_TEST(test_video_chain_keeps_every_frame) {
 }
 GST_END_TEST;
 
+namespace {
+
+// Sets `name` to `value` on the element "r" when the n-th frame reaches it, from the streaming thread; later frames
+// wait 40 ms each, so the switcher's worker has time to land it.
+struct SetAtFrame {
+  int at;
+  std::string name, value;
+  int n = 0;
+  void attach(GstElement* pipeline) {
+    GstElement* r = gst_bin_get_by_name(GST_BIN(pipeline), "r");
+    GstPad* in = gst_element_get_static_pad(r, "sink");
+    gst_pad_add_probe(
+        in, GST_PAD_PROBE_TYPE_BUFFER,
+        [](GstPad* pad, GstPadProbeInfo*, gpointer d) {
+          auto* self = static_cast<SetAtFrame*>(d);
+          if (++self->n == self->at) {
+            GstElement* e = gst_pad_get_parent_element(pad);
+            g_object_set(e, self->name.c_str(), self->value.c_str(), nullptr);
+            gst_object_unref(e);
+          }
+          if (self->n >= self->at) std::this_thread::sleep_for(std::chrono::milliseconds(40));
+          return GST_PAD_PROBE_OK;
+        },
+        this, nullptr);
+    gst_object_unref(in);
+    gst_object_unref(r);
+  }
+};
+
+// The warnings the pipeline posts, recorded as they are posted.
+struct Warnings {
+  std::mutex mu;
+  std::vector<std::string> seen;
+  void attach(GstElement* pipeline) {
+    GstBus* bus = gst_element_get_bus(pipeline);
+    gst_bus_set_sync_handler(
+        bus,
+        [](GstBus*, GstMessage* m, gpointer d) {
+          if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_WARNING) {
+            GError* e = nullptr;
+            gst_message_parse_warning(m, &e, nullptr);
+            auto* self = static_cast<Warnings*>(d);
+            std::lock_guard<std::mutex> lock(self->mu);
+            self->seen.push_back(e->message);
+            g_clear_error(&e);
+          }
+          return GST_BUS_PASS;
+        },
+        this, nullptr);
+    gst_object_unref(bus);
+  }
+};
+
+// Runs appsrc "in" ! videorestyle ! appsink by hand: to PAUSED, `paused` (may set properties), then the frames
+// with the caps `caps[i]` from frame `from[i]` on, then PLAYING to EOS. Returns the frames out [T, C, h, w].
+torch::Tensor run_by_hand(const std::string& props, const torch::Tensor& frames, const std::vector<std::string>& caps,
+                          const std::vector<int64_t>& from, const std::function<void(GstElement*)>& paused = {},
+                          const std::function<void(GstElement*)>& setup = {}) {
+  GstElement* p = gst_parse_launch(
+      ("appsrc name=in format=time ! " + restyle(props) + " ! appsink name=out sync=false").c_str(), nullptr);
+  fail_unless(p != nullptr);
+  if (setup) setup(p);
+  GstElement* src = gst_bin_get_by_name(GST_BIN(p), "in");
+  g_object_set(src, "max-bytes", guint64(0), nullptr);
+  fail_unless(gst_element_set_state(p, GST_STATE_PAUSED) != GST_STATE_CHANGE_FAILURE);
+  if (paused) paused(p);
+  for (int64_t t = 0; t < frames.size(0); ++t) {
+    for (size_t i = 0; i < from.size(); ++i)
+      if (from[i] == t) {
+        GstCaps* c = gst_caps_from_string(caps[i].c_str());
+        g_object_set(src, "caps", c, nullptr);
+        gst_caps_unref(c);
+      }
+    const torch::Tensor f = frames[t].contiguous();
+    GstBuffer* b = gst_buffer_new_memdup(f.data_ptr(), size_t(f.nbytes()));
+    GST_BUFFER_PTS(b) = GstClockTime(t) * kLatent;
+    GST_BUFFER_DURATION(b) = kLatent;
+    fail_unless_equals_int(gst_app_src_push_buffer(GST_APP_SRC(src), b), GST_FLOW_OK);
+  }
+  gst_app_src_end_of_stream(GST_APP_SRC(src));
+  gst_object_unref(src);
+  Out out;
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(p), "out"));
+  fail_unless(gst_element_set_state(p, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
+  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+    out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+    gst_sample_unref(s);
+  }
+  fail_unless(gst_app_sink_is_eos(sink) && !out.buffers.empty(), "the stream gave %zu frames, then no EOS",
+              out.buffers.size());
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(p);
+  return got(out);
+}
+
+}  // namespace
+
+// Embeddings set while playing are read and checked off the streaming thread: a file of NaN, of the wrong width or
+// of two dimensions is a warning naming it, and the stream goes on under its prompt, unchanged.
+GST_START_TEST(test_bad_embeddings_set_while_playing_are_warnings) {
+  const torch::Tensor a = cases().tensor("prompt.A").to(torch::kFloat);
+  const std::vector<std::pair<std::string, torch::Tensor>> bad = {
+      {"nan", a.clone().fill_(std::numeric_limits<float>::quiet_NaN())},
+      {"narrow", a.narrow(2, 0, a.size(2) / 2).clone()},
+      {"flat", a[0].clone()}};
+  for (const auto& [name, t] : bad) {
+    const std::string file = embeds("bad-" + name, t);
+    SetAtFrame set{4, "prompt-embeds", file};
+    Warnings warnings;
+    Out out;
+    latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
+                     [&](GstElement* p) {
+                       g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                       set.attach(p);
+                       warnings.attach(p);
+                       feed(raw_input())(p);
+                     });
+    fail_unless(out.error.empty(), "%s: %s", name.c_str(), out.error.c_str());
+    fail_unless_equals_int(out.buffers.size(), 14);
+    std::lock_guard<std::mutex> lock(warnings.mu);
+    fail_unless(warnings.seen.size() == 1 && warnings.seen[0].find(file) != std::string::npos,
+                "%s: %zu warnings, the first '%s'", name.c_str(), warnings.seen.size(),
+                warnings.seen.empty() ? "" : warnings.seen[0].c_str());
+    const torch::Tensor g = got(out), w = want();
+    for (int64_t f = 0; f < 14; ++f)
+      fail_unless(rel(g[f], w[f]) <= kTolerance, "%s: frame %ld changed", name.c_str(), f);
+  }
+}
+GST_END_TEST;
+
+// A prompt set in PAUSED before the first caps is the stream's from its first frame; new caps mid-stream start a
+// new stream under the prompt switched to while playing, not the first one.
+GST_START_TEST(test_prompts_before_caps_and_across_new_caps) {
+  const torch::Tensor in = raw_input();
+  std::string caps2 = kCaps;
+  caps2.replace(caps2.find("framerate=(fraction)4/1"), 23, "framerate=(fraction)8/1");
+  caps2.replace(caps2.find("video-framerate=(fraction)16/1"), 30, "video-framerate=(fraction)32/1");
+  const std::string a = prompt_a(), b = prompt_b();
+  const torch::Tensor with_b = run_by_hand("raw-input=false prompt-embeds=" + b, in, {kCaps}, {0});
+  const torch::Tensor before_caps =
+      run_by_hand("raw-input=false prompt-embeds=" + a, in, {kCaps}, {0}, [&](GstElement* p) {
+        g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", b.c_str(), nullptr);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // read in milliseconds, off this thread
+      });
+  fail_unless_equals_int(before_caps.size(0), with_b.size(0));
+  for (int64_t f = 0; f < with_b.size(0); ++f)
+    fail_unless(rel(before_caps[f], with_b[f]) <= kTolerance, "frame %ld is not prompt B's", f);
+
+  SetAtFrame set{3, "prompt-embeds", b};
+  const torch::Tensor across = run_by_hand("raw-input=false prompt-embeds=" + a, in, {kCaps, caps2}, {0, 7}, {},
+                                           [&](GstElement* p) { set.attach(p); });
+  const torch::Tensor second_with_b =
+      run_by_hand("raw-input=false prompt-embeds=" + b, in.narrow(0, 7, 7), {caps2}, {0});
+  fail_unless_equals_int(across.size(0), 14);
+  for (int64_t f = 0; f < 7; ++f)
+    fail_unless(rel(across[7 + f], second_with_b[f]) <= kTolerance, "frame %ld after the new caps is not B's", 7 + f);
+}
+GST_END_TEST;
+
+// A caps query names the model's latent space and channels, so an upstream that chooses sees what fits.
+GST_START_TEST(test_caps_queries_name_the_latent_space) {
+  GstElement* r = gst_parse_launch(restyle("prompt-embeds=" + prompt_a()).c_str(), nullptr);
+  fail_unless(gst_element_set_state(r, GST_STATE_READY) == GST_STATE_CHANGE_SUCCESS);
+  for (const char* name : {"sink", "src"}) {
+    GstPad* pad = gst_element_get_static_pad(r, name);
+    GstCaps* caps = gst_pad_query_caps(pad, nullptr);
+    fail_unless(!gst_caps_is_empty(caps));
+    const GstStructure* st = gst_caps_get_structure(caps, 0);
+    int channels = 0;
+    fail_unless_equals_string(gst_structure_get_string(st, "model"), "wan2.1");
+    fail_unless(gst_structure_get_int(st, "channels", &channels) && channels == 16, "%s: channels %d", name, channels);
+    gst_caps_unref(caps);
+    gst_object_unref(pad);
+  }
+  gst_element_set_state(r, GST_STATE_NULL);
+  gst_object_unref(r);
+}
+GST_END_TEST;
+
 void add_restyle_tests(Suite* s) {
   TCase* tc = tcase_create("restyle");
   tcase_set_timeout(tc, 300);
@@ -338,6 +522,9 @@ void add_restyle_tests(Suite* s) {
   tcase_add_test(tc, test_prompt_set_while_playing_switches);
   tcase_add_test(tc, test_other_latents_are_refused);
   tcase_add_test(tc, test_bad_settings_are_refused);
+  tcase_add_test(tc, test_bad_embeddings_set_while_playing_are_warnings);
+  tcase_add_test(tc, test_prompts_before_caps_and_across_new_caps);
+  tcase_add_test(tc, test_caps_queries_name_the_latent_space);
   const char* taehv = g_getenv("LATENT_TAEHV_FIXTURES");
   if (taehv && fs::exists(fs::path(taehv) / "stamp"))
     tcase_add_test(tc, test_video_chain_keeps_every_frame);

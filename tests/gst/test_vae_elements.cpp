@@ -430,6 +430,12 @@ GST_START_TEST(test_round_trip_through_files_equals_direct) {
   run("latentfilesrc location=" + dir + "/clip.safetensors ! vaedecode model=" + wan() + " ! appsink name=out",
       from_file);
   fail_unless(from_file.error.empty(), "%s", from_file.error.c_str());
+  // A file of another latent space: the refusal names both spaces (it was basesrc's "Internal data stream error").
+  Out other;
+  run("latentfilesrc location=" + dir + "/clip.safetensors ! vaedecode model=" + cog() + " ! appsink name=out", other);
+  fail_unless(other.error.find("holds latents of model 'latent-tiny-wan'") != std::string::npos &&
+                  other.error.find("it takes 'cogvideox'") != std::string::npos,
+              "got '%s'", other.error.c_str());
   fail_unless_equals_int(from_file.buffers.size(), direct.buffers.size());
   for (size_t i = 0; i < direct.buffers.size(); ++i) {
     GstMapInfo a, b;

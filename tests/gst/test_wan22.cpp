@@ -260,9 +260,22 @@ GST_START_TEST(test_bad_image_is_refused) {
   struct Bad {
     std::string model, image, expected;
   };
+  // A playlist named .png: decodebin would fetch the URLs it lists (any reachable host made a target).
+  const std::string playlist = (dir / "playlist.png").string();
+  std::ofstream(playlist) << "#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1,\nhttp://127.0.0.1:9/a.ts\n#EXT-X-ENDLIST\n";
+  // A PNG declaring 20000x20000 with a few bytes of data: refused before anything is decoded.
+  const std::string huge = (dir / "huge.png").string();
+  {
+    std::ofstream out(huge, std::ios::binary);
+    const unsigned char header[] = {0x89, 'P',  'N',  'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R', 0,
+                                    0,    0x4e, 0x20, 0,   0,    0x4e, 0x20, 8,    2, 0, 0, 0,  0,   0,   0,   0};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+  }
   std::vector<Bad> bad = {
       {fixture("ti2v"), "/nonexistent/first-frame.png", "/nonexistent/first-frame.png"},
-      {fixture("ti2v"), text, text},
+      {fixture("ti2v"), text, "not a PNG or JPEG file"},
+      {fixture("ti2v"), playlist, "not a PNG or JPEG file"},
+      {fixture("ti2v"), huge, "declares 20000x20000 pixels"},
       {fixture("a14b"), png, "image"},
   };
   if (!wan21_fixtures().empty()) bad.push_back({(wan21_fixtures() / "wan").string(), png, "image"});

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -301,6 +302,7 @@ struct Generator::Impl {
   std::unique_ptr<Schedule> schedule;
   // reset() replaces the schedule while switch_prompt() may reach it from another thread.
   std::mutex schedule_mutex;
+  std::optional<PromptSwitch> live_prompt;  // the last switch_prompt(), which reset() keeps
   Impl(const Denoiser& model, const GeneratorOptions& o, int64_t height, int64_t width,
        std::unique_ptr<CallExecutor> executor)
       : sampler(o.sampler, model.spec().prediction), denoising(model, sampler, o, height, width, std::move(executor)) {}
@@ -407,9 +409,10 @@ Generator::~Generator() = default;
 void Generator::reset() { reset(options_.seed); }
 
 void Generator::reset(uint64_t seed) {
+  // One lock for the seed, the schedule and the live prompt: switch_prompt() reads them from another thread.
+  std::lock_guard<std::mutex> lock(impl_->schedule_mutex);
   options_.seed = seed;
   impl_->denoising.reseed(seed);
-  std::lock_guard<std::mutex> lock(impl_->schedule_mutex);
   switch (options_.schedule) {
     case ScheduleKind::clip: impl_->schedule = make_clip_schedule(options_.frames); break;
     case ScheduleKind::fifo: impl_->schedule = make_fifo_schedule(options_.frames, options_.window); break;
@@ -418,6 +421,9 @@ void Generator::reset(uint64_t seed) {
       break;
     case ScheduleKind::causal:
       impl_->schedule = make_causal_schedule(options_, *denoiser_, options_.height, options_.width);
+      // A stream started again (a seek to the start) plays under the prompt it was switched to last, as a
+      // restart with that prompt would, and a switch not yet taken is not lost.
+      if (impl_->live_prompt) static_cast<CausalSchedule&>(*impl_->schedule).switch_prompt(*impl_->live_prompt);
       break;
   }
   impl_->denoising.start_progress(impl_->schedule->iterations(impl_->sampler.steps()));
@@ -449,12 +455,17 @@ void Generator::switch_prompt(const torch::Tensor& text, const std::string& labe
   if (options_.schedule != ScheduleKind::causal)
     bad_option(std::string("prompts switch while playing in the causal schedule, not ") +
                schedule_kind_name(options_.schedule));
-  GeneratorOptions o = options_;
+  GeneratorOptions o;
+  {
+    std::lock_guard<std::mutex> lock(impl_->schedule_mutex);
+    o = options_;
+  }
   o.text = text;
   o.prompt_switches.clear();
   check_text(denoiser_->spec(), o);
   std::lock_guard<std::mutex> lock(impl_->schedule_mutex);
-  static_cast<CausalSchedule&>(*impl_->schedule).switch_prompt({0, text, label});
+  impl_->live_prompt = PromptSwitch{0, text, label};
+  static_cast<CausalSchedule&>(*impl_->schedule).switch_prompt(*impl_->live_prompt);
 }
 void Generator::clear_interrupt() { impl_->denoising.set_interrupted(false); }
 const Sampler& Generator::sampler() const { return impl_->sampler; }

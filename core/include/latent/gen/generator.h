@@ -151,7 +151,9 @@ class Generator {
   // finished().
   std::vector<GeneratedFrame> next();
   bool finished() const;
-  // Starts again from the first frame: with the same seed the same frames come out.
+  // Starts again from the first frame: with the same seed the same frames come out. A causal run switched by
+  // switch_prompt() starts again under the prompt it was switched to last (as a run started with it would), its
+  // scripted switches still to come.
   void reset();
   void reset(uint64_t seed);
   // From any thread: a next() in progress (or the next one) stops before its next model call and throws

@@ -12,6 +12,7 @@
 #pragma once
 #include <torch/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -50,6 +51,9 @@ class TextEncoder {
     return load(pipeline_dir, Options{});
   }
 
+  // Encoders loaded by this process so far: loading umT5-XXL reads 11 GB, which a live element does once.
+  static uint64_t loads() { return loads_.load(std::memory_order_relaxed); }
+
   virtual ~TextEncoder() = default;
 
   // The prompt's ids: cleaned (Wan), tokenised, cut to max_length() with the end of sequence last; no padding.
@@ -66,6 +70,9 @@ class TextEncoder {
   // The max_length in use: the option's, or the family's default where it is 0.
   virtual int64_t max_length() const = 0;
   virtual Family family() const = 0;
+
+ private:
+  static std::atomic<uint64_t> loads_;
 };
 
 }  // namespace latent

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -35,5 +36,9 @@ size_t available_memory(torch::Device device);
 // tests). A limit that is absent, "max" or unreadable is no limit; 0 where neither MemAvailable nor a limit can be
 // read.
 size_t host_available_memory(const std::filesystem::path& root = "/");
+
+// Runs `work` on a CUDA stream of its own on `device` and waits for it, so work done beside a stream that generates
+// (a live prompt's text encoder) neither waits behind its kernels nor delays them; on the CPU it just runs `work`.
+void run_on_side_stream(torch::Device device, const std::function<void()>& work);
 
 }  // namespace latent

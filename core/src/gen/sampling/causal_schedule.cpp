@@ -185,10 +185,14 @@ class Causal final : public CausalSchedule {
     std::string label;
     if (std::optional<PromptSwitch> due = due_switch(d)) {
       text_ = due->text;
-      label = due->label;
-      ++prompt_index_;
-      switched = true;
-      if (start_ > 0) recache(d);
+      // At the first block there is nothing to switch from: the stream starts under this prompt (a run started
+      // again after a live switch), as its first.
+      if (start_ > 0) {
+        label = due->label;
+        ++prompt_index_;
+        switched = true;
+        recache(d);
+      }
     }
     cache_.make_room(n);
     const int64_t keep = cache_.size();

@@ -147,7 +147,11 @@ std::unique_ptr<TextEncoder> TextEncoder::load(const fs::path& dir, const Option
   if (!fs::is_directory(dir)) throw ModelError(dir.string() + ": no such folder");
   if (!fs::is_directory(dir / "text_encoder")) throw ModelError(dir.string() + ": no text_encoder/ folder");
   if (!fs::is_directory(dir / "tokenizer")) throw ModelError(dir.string() + ": no tokenizer/ folder");
-  return std::make_unique<PipelineTextEncoder>(dir, detect_family(dir), options);
+  auto encoder = std::make_unique<PipelineTextEncoder>(dir, detect_family(dir), options);
+  loads_.fetch_add(1, std::memory_order_relaxed);
+  return encoder;
 }
+
+std::atomic<uint64_t> TextEncoder::loads_{0};
 
 }  // namespace latent
