@@ -204,22 +204,6 @@ GstFlowReturn drain(GstVaeDecode* self) {
   return ret;
 }
 
-// A latent with NaN or infinite values decodes to black or garbage frames, which the stream would carry on with
-// silently: said once a stream, naming the first such latent. The frames still go out (a live stream keeps
-// running; the application decides).
-void warn_if_non_finite(GstVaeDecode* self, const torch::Tensor& z, GstClockTime pts) {
-  Impl& s = *self->impl;
-  if (s.warned_non_finite) return;
-  const int64_t nan = torch::isnan(z).sum().item<int64_t>(), inf = torch::isinf(z).sum().item<int64_t>();
-  if (nan + inf == 0) return;
-  s.warned_non_finite = true;
-  GST_ELEMENT_WARNING(self, STREAM, DECODE,
-                      ("Latent %llu (pts %" GST_TIME_FORMAT ") holds %lld NaN and %lld infinite values: its frames "
-                       "are not a picture. Said once a stream.",
-                       (unsigned long long)s.next_latent, GST_TIME_ARGS(pts), (long long)nan, (long long)inf),
-                      ("the model or the file upstream produced them"));
-}
-
 GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   auto* self = GST_VAE_DECODE(parent);
   Impl& s = *self->impl;
@@ -243,7 +227,8 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     // offsets say how many of those are real (fewer at the padded end of a clip).
     torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).unsqueeze(0);
     LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
-    warn_if_non_finite(self, z, stamp.pts);
+    latent::gst::warn_once_if_non_finite(GST_ELEMENT(self), s.warned_non_finite, z, s.next_latent, stamp.pts,
+                                         "its frames are not a picture");
     const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
     const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
     s.pending.push_back({stamp.pts, stamp.first_frame, real, s.next_latent});

@@ -115,6 +115,7 @@ struct Impl {
   latent::gst::LiveTimeline timeline;
   GstClockTime max_lateness = 40 * GST_MSECOND;
   bool warned_late = false;
+  bool warned_non_finite = false;  // a latent with NaN or infinite values was reported this run
   // Live: running time of the first request and whether the first latent's latency was posted.
   GstClockTime first_request = GST_CLOCK_TIME_NONE;
 
@@ -278,6 +279,9 @@ GstFlowReturn create(GstPushSrc* push, GstBuffer** out) {
     LatentFrameStamp stamp = latent::gst::stamp_for(*s.run, uint64_t(frame.index));
     if (live) stamp.pts = live_stamp(self, stamp);
     if (frame.prompt_switch && frame.index > 0) push_prompt_tag(self, frame);
+    latent::gst::warn_once_if_non_finite(GST_ELEMENT(self), s.warned_non_finite, frame.latent, uint64_t(frame.index),
+                                         stamp.pts,
+                                         "the model (its weights, a LoRA) made values that decode to no picture");
     GstBuffer* buffer = buffer_of(frame, s.run->caps);
     latent::gst::apply_stamp(buffer, stamp);
     if (s.discont) {
@@ -418,6 +422,7 @@ gboolean start(GstBaseSrc* base) {
   s.warm = false;
   s.timeline.reset();
   s.warned_late = false;
+  s.warned_non_finite = false;
   s.first_request = GST_CLOCK_TIME_NONE;
   // Prompts set while playing switch a causal run; other runs read the properties at their next start.
   if (s.run->causal) s.prompts->start();

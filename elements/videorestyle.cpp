@@ -76,6 +76,7 @@ struct Impl {
   int64_t stamps_base = 0;
   latent::gst::HeldEvents held;
   bool discont = true;
+  bool warned_non_finite = false;  // an output latent with NaN or infinite values was reported this stream
   GstSegment segment{};
 
   std::mutex switch_lock;  // a prompt delivered while playing, taken at the next frame
@@ -176,6 +177,8 @@ GstFlowReturn push_frames(GstVideoRestyle* self, std::vector<latent::RestyledFra
     s.held.release_before(self->srcpad, uint64_t(f.index) + 1);
     const torch::Tensor frame =
         f.latent.reshape({s.in->channels, s.in->height, s.in->width}).to(torch::kCPU, s.in->scalar_type()).contiguous();
+    latent::gst::warn_once_if_non_finite(GST_ELEMENT(self), s.warned_non_finite, frame, uint64_t(f.index), stamp.pts,
+                                         "restyled values that decode to no picture (the input or the model)");
     GstBuffer* buf = latent::gst::buffer_wrapping_tensor(frame);
     latent::gst::apply_stamp(buf, stamp);
     if (s.discont) {
@@ -484,6 +487,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
         return GST_STATE_CHANGE_FAILURE;
       }
       s.latents_in = s.latents_out = s.dropped = 0;
+      s.warned_non_finite = false;
       s.stats.reset();
       s.compute.reset();
       s.discont = true;

@@ -1,6 +1,7 @@
 #include "model_glue.h"
 
 #include <c10/util/Exception.h>
+#include <torch/torch.h>
 
 #include "latent/io/safetensors.h"
 #include "latent/runtime/build_info.h"
@@ -237,6 +238,19 @@ std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSetting
   std::shared_ptr<const Vae> out;
   load_model(element, s, vae, [&](const std::string& path, const LoadOptions& o) { out = shared_vae(path, o); });
   return out;
+}
+
+void warn_once_if_non_finite(GstElement* element, bool& warned, const torch::Tensor& latent, uint64_t index,
+                             GstClockTime pts, const char* consequence) {
+  if (warned) return;
+  const int64_t nan = torch::isnan(latent).sum().item<int64_t>(), inf = torch::isinf(latent).sum().item<int64_t>();
+  if (nan + inf == 0) return;
+  warned = true;
+  GST_ELEMENT_WARNING(element, STREAM, DECODE,
+                      ("Latent %llu (pts %" GST_TIME_FORMAT ") holds %lld NaN and %lld infinite values: %s. Said "
+                       "once a stream.",
+                       (unsigned long long)index, GST_TIME_ARGS(pts), (long long)nan, (long long)inf, consequence),
+                      ("the model, its weights or the data upstream produced them"));
 }
 
 void post_exception(GstElement* element, const char* doing, const std::exception& e) {

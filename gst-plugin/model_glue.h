@@ -71,6 +71,12 @@ bool load_model(GstElement* element, const ModelSettings& settings, const Defaul
 // and returns nullptr.
 std::shared_ptr<const Vae> acquire_model(GstElement* element, const ModelSettings& settings);
 
+// A latent with NaN or infinite values would travel on silently (decoded: black or garbage frames): a WARNING once
+// a stream (`warned` is the stream's flag) naming the first such latent, its values and `consequence`. The latent
+// still goes on: a live stream keeps running and the application decides.
+void warn_once_if_non_finite(GstElement* element, bool& warned, const torch::Tensor& latent, uint64_t index,
+                             GstClockTime pts, const char* consequence);
+
 // Posts the ERROR message for an exception caught at the element boundary while streaming.
 void post_exception(GstElement* element, const char* doing, const std::exception& e);
 

@@ -492,6 +492,25 @@ GST_START_TEST(test_prompts_before_caps_and_across_new_caps) {
 }
 GST_END_TEST;
 
+// Latents of 1e30 come out NaN: the stream goes on, but a WARNING says so once, naming the first such latent (it
+// went on silently before).
+GST_START_TEST(test_non_finite_output_is_said_once) {
+  Warnings warnings;
+  Out out;
+  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
+                   [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                     warnings.attach(p);
+                     feed(torch::full_like(raw_input().narrow(0, 0, 5), 1e30f))(p);
+                   });
+  fail_unless(out.error.empty(), "%s", out.error.c_str());
+  fail_unless_equals_int(out.buffers.size(), 5);
+  std::lock_guard<std::mutex> lock(warnings.mu);
+  fail_unless(warnings.seen.size() == 1 && warnings.seen[0].find("NaN") != std::string::npos, "%zu warnings: '%s'",
+              warnings.seen.size(), warnings.seen.empty() ? "" : warnings.seen[0].c_str());
+}
+GST_END_TEST;
+
 // A caps query names the model's latent space and channels, so an upstream that chooses sees what fits.
 GST_START_TEST(test_caps_queries_name_the_latent_space) {
   GstElement* r = gst_parse_launch(restyle("prompt-embeds=" + prompt_a()).c_str(), nullptr);
@@ -525,6 +544,7 @@ void add_restyle_tests(Suite* s) {
   tcase_add_test(tc, test_bad_embeddings_set_while_playing_are_warnings);
   tcase_add_test(tc, test_prompts_before_caps_and_across_new_caps);
   tcase_add_test(tc, test_caps_queries_name_the_latent_space);
+  tcase_add_test(tc, test_non_finite_output_is_said_once);
   const char* taehv = g_getenv("LATENT_TAEHV_FIXTURES");
   if (taehv && fs::exists(fs::path(taehv) / "stamp"))
     tcase_add_test(tc, test_video_chain_keeps_every_frame);

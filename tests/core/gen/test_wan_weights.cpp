@@ -350,6 +350,27 @@ TEST(WanLora, OriginalDiffsAndIntegerAlpha) {
                     before.at("blocks.1.ffn.net.0.proj.weight") + 0.5 * (2.0 / 4) * torch::matmul(up, down)));
 }
 
+// Finite factors whose product overflows float32, and scales past float32's range, are refused naming the file and
+// the key: they used to merge into infinite weights and all-NaN latents, exit 0.
+TEST(WanLora, OverflowAndScalesPastFloat32AreRefused) {
+  LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
+  const std::string q = "transformer.blocks.0.attn1.to_q.";
+  expect_mentions(lora_error("lora-overflow.safetensors", {{q + "lora_A.weight", torch::full({4, kDim}, 1e20f)},
+                                                           {q + "lora_B.weight", torch::full({kDim, 4}, 1e20f)}}),
+                  {q + "lora_B.weight", "overflows float32"});
+  const fs::path file =
+      write_file("lora-fine.safetensors", {{q + "lora_A.weight", r({4, kDim})}, {q + "lora_B.weight", r({kDim, 4})}});
+  for (const double scale : {1e39, -1e308}) {
+    WeightEdits e;
+    e.loras = {{file, scale}};
+    expect_mentions(model_error([&] { weights(e); }), {file.string(), "not a finite float32 value"});
+  }
+  WeightSource w = weights({});
+  const torch::Tensor before = w.tensors.at("blocks.0.attn1.to_q.weight").clone();
+  EXPECT_THROW(merge_lora(w, {scratch() / "lora-overflow.safetensors", 1.0}), ModelError);
+  EXPECT_TRUE(torch::equal(w.tensors.at("blocks.0.attn1.to_q.weight"), before));
+}
+
 // A bad LoRA leaves nothing half-merged: every check runs before the first change.
 TEST(WanLora, LaterErrorsChangeNothing) {
   LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <span>
 #include <string_view>
@@ -240,7 +241,9 @@ void require_finite(const std::string& where, const Part& p, bool integer_allowe
 void merge_lora(WeightSource& weights, const LoraFile& lora) {
   const LoraTensors file = read_lora(lora.path);
   const std::string& where = file.where;
-  if (!std::isfinite(lora.scale)) throw ModelError(where + ": the LoRA's scale is not finite");
+  // The updates are made in float32: a scale past its range (1e39, -1e308) would make every one of them infinite.
+  if (!std::isfinite(lora.scale) || !std::isfinite(float(lora.scale)))
+    throw ModelError(where + ": the LoRA's scale " + std::to_string(lora.scale) + " is not a finite float32 value");
   Format format;
   const std::map<std::string, Delta> deltas = group(file, format);
   const PeftConfig peft = format == Format::peft ? peft_config(file) : PeftConfig{};
@@ -254,10 +257,13 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
     return it->second;
   };
 
-  // Every check before the first change, so a bad file leaves the weights as they were.
+  // Every check before the first change, so a bad file leaves the weights as they were. The updates are made one
+  // at a time after the checks and added at once, so at most one float32 product exists beside the merged copies
+  // (the products of every layer were all kept before).
   struct Edit {
-    std::string name;
-    torch::Tensor base, add;  // the new tensor is base + add, float32
+    std::string name, key;  // the tensor edited, and the LoRA key its update comes from
+    torch::Tensor base;
+    std::function<torch::Tensor()> add;  // the new tensor is base + add(), float32
   };
   std::vector<Edit> edits;
   for (const auto& [module, d] : deltas) {
@@ -293,9 +299,9 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
                                  " but the file's adapter metadata says r=" + std::to_string(peft.r));
         factor = peft.factor();
       }
-      const torch::Tensor product =
-          torch::matmul(b.to(torch::kFloat), a.to(torch::kFloat)).mul_(float(lora.scale * factor));
-      edits.push_back({module + ".weight", w, product});
+      const float s = float(lora.scale * factor);
+      edits.push_back({module + ".weight", d.up.key, w,
+                       [a, b, s] { return torch::matmul(b.to(torch::kFloat), a.to(torch::kFloat)).mul_(s); }});
     }
     if (d.bias) {
       const torch::Tensor& bias = target(d.bias, module + ".bias");
@@ -304,7 +310,8 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
                                shape_str(bias.sizes()) + ": a LoRA for a model of another size");
       // PEFT scales lora_B's bias like the product; the original format's alpha is folded into A and B only.
       const double s = lora.scale * (format == Format::peft ? peft.factor() : 1.0);
-      edits.push_back({module + ".bias", bias, d.bias.t.to(torch::kFloat) * float(s)});
+      const torch::Tensor t = d.bias.t;
+      edits.push_back({module + ".bias", d.bias.key, bias, [t, s] { return t.to(torch::kFloat) * float(s); }});
     }
     if (d.diff) {
       // A whole-weight difference: on "<module>.weight", or on the parameter itself (a block's modulation).
@@ -313,15 +320,24 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
       if (w.sizes() != d.diff.t.sizes())
         throw fail(d.diff, "is " + shape_str(d.diff.t.sizes()) + " for \"" + name + "\" " + shape_str(w.sizes()) +
                                ": a LoRA for a model of another size");
-      edits.push_back({name, w, d.diff.t.to(torch::kFloat) * float(lora.scale)});
+      const torch::Tensor t = d.diff.t;
+      const float s = float(lora.scale);
+      edits.push_back({name, d.diff.key, w, [t, s] { return t.to(torch::kFloat) * s; }});
     }
   }
   // Several edits may land on one tensor (a product and a diff): each adds to what the previous left.
   std::map<std::string, torch::Tensor> merged;
   for (const Edit& e : edits) {
+    const torch::Tensor add = e.add();
+    // Finite factors can still overflow float32 in their product (factors of 1e20), or in the sum.
+    if (!torch::isfinite(add).all().item<bool>())
+      throw ModelError(where + ": \"" + e.key + "\": its update of \"" + e.name + "\" overflows float32 at scale " +
+                       std::to_string(lora.scale));
     auto [it, fresh] = merged.try_emplace(e.name);
     if (fresh) it->second = e.base.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    it->second.add_(e.add);
+    it->second.add_(add);
+    if (!torch::isfinite(it->second).all().item<bool>())
+      throw ModelError(where + ": \"" + e.key + "\": \"" + e.name + "\" overflows float32 with its update");
   }
   for (auto& [name, t] : merged) weights.tensors[name] = std::move(t);
 }
