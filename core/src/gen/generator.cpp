@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "gen/layer_interrupt.h"
 #include "gen/models/causal_model.h"
 #include "gen/sampling/schedule.h"
 #include "latent/runtime/devices.h"
@@ -431,6 +432,7 @@ void Generator::reset(uint64_t seed) {
 
 std::vector<GeneratedFrame> Generator::next() {
   torch::NoGradGuard no_grad;
+  const LayerInterrupt between_layers(impl_->denoising.interrupt_flag());
   while (!impl_->schedule->finished()) {
     // Schedules commit an iteration only when it completes; with the noise stream rewound too, a call that
     // throws (a GPU out of memory) can be retried and gives the frames an uninterrupted run gives.

@@ -10,11 +10,13 @@
 #include <torch/torch.h>
 
 #include <unistd.h>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "forwarding_causal_model.h"
+#include "gen/layer_interrupt.h"
 #include "gen/models/causal_model.h"
 #include "gen/sampling/schedule.h"
 #include "latent/gen/denoiser.h"
@@ -278,6 +280,29 @@ class InterruptingModel : public latent_test::ForwardingCausalModel {
 // The key/value cache counts in the memory check before the first block: the model's bytes a frame are what a
 // cache holds (measured on a call), and a window whose cache cannot fit is refused with the figure, not accepted
 // to die minutes later.
+// A generator's interrupt reaches the layers of a call in progress: the call stops at its next layer instead of
+// running to its end (one call at 16384x16384 takes minutes, and a stop waited for all of it). Outside a
+// generator's scope, or with the flag clear, the call runs as before.
+TEST_F(CausalSchedule, AnInterruptStopsACallBetweenItsLayers) {
+  const auto inner = model();
+  const latent::CausalModel& causal = *causal_model(*inner);
+  const GeneratorOptions o = options({"", 9, 6, 3});
+  const torch::Tensor x = torch::randn({1, inner->spec().channels, 3, o.height, o.width});
+  const auto call = [&] {
+    latent::KvCache cache;
+    cache.window = 6;
+    return causal.predict_cached(x, torch::full({1, 3}, 500.0), o.text, cache, 0, 0);
+  };
+  std::atomic<bool> flag{false};
+  {
+    const latent::LayerInterrupt scope(flag);
+    EXPECT_NO_THROW(call());
+    flag = true;
+    EXPECT_THROW(call(), Interrupted);
+  }
+  EXPECT_NO_THROW(call());  // the scope ended: a call outside a generator is not interrupted
+}
+
 TEST_F(CausalSchedule, TheKeyValueCacheIsCountedBeforeTheFirstBlock) {
   const auto inner = model();
   const latent::CausalModel& causal = *causal_model(*inner);

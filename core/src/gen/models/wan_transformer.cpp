@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "gen/layer_interrupt.h"
 #include "gen/models/backends.h"
 #include "gen/models/causal_model.h"
 #include "gen/models/diffusers_folder.h"
@@ -359,6 +360,8 @@ class WanTransformer : public Denoiser, public CausalModel {
       return torch::layer_norm(v.to(torch::kFloat), {d}, w, b, cfg_.eps);
     };
     for (const Block& b : blocks_) {
+      // One rank of a group cannot leave alone: the others would wait for it in this layer's exchange.
+      if (!group) LayerInterrupt::check();
       const Tensor mod = b.scale_shift + tproj;                       // [T, 6, D] float32
       const auto m = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [T, 1, D], broadcast over a frame's tokens
       Tensor hf = h.view({frames, per_frame, d}).to(torch::kFloat);

@@ -83,6 +83,7 @@ class Denoising {
   int64_t calls() const { return calls_; }
   // predict() throws Interrupted while this is set.
   void set_interrupted(bool on) { interrupted_ = on; }
+  const std::atomic<bool>& interrupt_flag() const { return interrupted_; }
   // Starts counting iterations (predict() of a set of calls) for GeneratorOptions::progress from 0.
   void start_progress(int64_t iterations) { progress_ = {0, iterations}; }
 
