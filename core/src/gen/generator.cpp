@@ -67,21 +67,23 @@ std::string gib(size_t bytes) {
 void check_memory(const GeneratorOptions& o, const Denoiser& model) {
   const torch::Device device = model.device();
   const size_t latents = Generator::latent_bytes_lower_bound(o, model.spec().channels);
-  size_t kv = 0;
+  size_t kv = 0, call = 0;
   if (o.schedule == ScheduleKind::causal)
-    if (const CausalModel* causal = causal_model(model))
+    if (const CausalModel* causal = causal_model(model)) {
       kv = causal->kv_bytes_per_frame(o.height, o.width) * size_t(o.causal.kv_window + o.causal.chunk_frames);
+      call = causal->call_bytes(o.causal.chunk_frames, o.height, o.width);
+    }
   const size_t have = available_memory(device);
   if (have == 0) return;
   const std::string size = "a latent size of " + std::to_string(o.height) + "x" + std::to_string(o.width);
   if (latents > have)
     bad_option(size + " needs at least " + gib(latents) + " for the latents alone (" + schedule_kind_name(o.schedule) +
                " schedule), and " + device.str() + " has " + gib(have) + " available: choose a smaller size");
-  if (latents + kv > have)
+  if (latents + kv + call > have)
     bad_option(size + " with kv_window " + std::to_string(o.causal.kv_window) + " needs at least " + gib(kv) +
-               " for the key/value cache (the window and a block, every layer's keys and values) and " +
-               gib(latents) + " for the latents, and " + device.str() + " has " + gib(have) +
-               " available: choose a smaller kv_window or size");
+               " for the key/value cache (the window and a block, every layer's keys and values), " + gib(call) +
+               " for one model call's activations and " + gib(latents) + " for the latents, and " + device.str() +
+               " has " + gib(have) + " available: choose a smaller kv_window or size");
 }
 
 void check_causal(const Denoiser& model, GeneratorOptions& o, bool ranks) {

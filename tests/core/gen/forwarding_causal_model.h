@@ -23,8 +23,13 @@ class ForwardingCausalModel : public latent::Denoiser, public latent::CausalMode
   size_t kv_bytes_per_frame(int64_t height, int64_t width) const override {
     return causal_.kv_bytes_per_frame(height, width) * kv_scale_;
   }
+  size_t call_bytes(int64_t frames, int64_t height, int64_t width) const override {
+    return causal_.call_bytes(frames, height, width) * call_scale_;
+  }
   // Claims `scale` times the inner model's key/value bytes (a model far larger than the fixture's).
   void scale_kv_bytes(size_t scale) { kv_scale_ = scale; }
+  // Claims `scale` times the inner model's bytes of one call (a size whose activations do not fit).
+  void scale_call_bytes(size_t scale) { call_scale_ = scale; }
   torch::Tensor predict_stored(const torch::Tensor& x, const torch::Tensor& timesteps, const torch::Tensor& text,
                                int64_t first_frame, latent::KvStore& store) const override {
     before_call(timesteps);
@@ -43,7 +48,7 @@ class ForwardingCausalModel : public latent::Denoiser, public latent::CausalMode
  private:
   std::shared_ptr<const latent::Denoiser> inner_;
   const latent::CausalModel& causal_;
-  size_t kv_scale_ = 1;
+  size_t kv_scale_ = 1, call_scale_ = 1;
 };
 
 }  // namespace latent_test

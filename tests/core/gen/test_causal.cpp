@@ -324,6 +324,15 @@ TEST_F(CausalSchedule, TheKeyValueCacheIsCountedBeforeTheFirstBlock) {
     EXPECT_NE(what.find("for the key/value cache"), std::string::npos) << what;
     EXPECT_NE(what.find("choose a smaller kv_window"), std::string::npos) << what;
   }
+  // A size whose one call does not fit (16384x16384 with the smallest window ran for minutes) is refused too.
+  const auto wide = std::make_shared<latent_test::ForwardingCausalModel>(inner);
+  wide->scale_call_bytes(size_t(1) << 40);
+  try {
+    Generator g(wide, o);
+    ADD_FAILURE() << "a call of a petabyte of activations was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("for one model call's activations"), std::string::npos) << e.what();
+  }
 }
 
 // Runs g.next() and interrupts it after its second model call (so the block has changed its cache); the generator

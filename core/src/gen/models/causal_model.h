@@ -53,6 +53,10 @@ class CausalModel {
   // The bytes a KvCache holds for one latent frame of `height` x `width` latents: every layer's keys and values of
   // its tokens in the model's dtype. What a stream's window costs is this times the frames it keeps.
   virtual size_t kv_bytes_per_frame(int64_t height, int64_t width) const = 0;
+  // A lower bound on what one call over `frames` latent frames holds while it runs, beside the cache: per token the
+  // feed-forward layer's hidden values in the model's dtype and the float32 residual stream. Attention itself is
+  // fused (no tokens x tokens scores), so it adds the keys and values the cache already counts.
+  virtual size_t call_bytes(int64_t frames, int64_t height, int64_t width) const = 0;
   // x: [1, C, F, h, w], latent frames first_frame .. first_frame + F - 1 (their absolute positions: RoPE is taken
   // there, whatever was evicted); timesteps [1, F] float32, each frame's value passed to the sinusoid in float64;
   // text as Denoiser::predict's. Self-attention goes through `store`. Returns the prediction [1, C, F, h, w]

@@ -285,6 +285,11 @@ class WanTransformer : public Denoiser, public CausalModel {
     return size_t(cfg_.layers) * 2 * size_t(tokens) * size_t(cfg_.dim()) * c10::elementSize(dtype());
   }
 
+  size_t call_bytes(int64_t frames, int64_t height, int64_t width) const override {
+    const size_t tokens = size_t(frames) * size_t((height / cfg_.ph) * (width / cfg_.pw));
+    return tokens * (size_t(cfg_.ffn_dim) * c10::elementSize(dtype()) + 2 * size_t(cfg_.dim()) * sizeof(float));
+  }
+
   Tensor predict_stored(const Tensor& x, const Tensor& timesteps, const Tensor& text, int64_t first_frame,
                         KvStore& store) const override {
     torch::NoGradGuard no_grad;
