@@ -214,7 +214,7 @@ ThreadGroup::ThreadGroup(std::vector<torch::Device> devices, GroupOptions option
     impl_->nccl =
         options_.backend == Backend::automatic && all_cuda && distinct.size() == devices_.size() && devices_.size() > 1;
   }
-  // Here, on the caller's thread, before the ranks' threads construct their process groups.
+  // Read once, on the caller's thread, before the ranks' threads form their groups (any note comes once).
   if (impl_->nccl) keep_process_on_nccl_errors();
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "parallel/store_comm.h"
@@ -25,32 +26,42 @@ namespace latent::parallel {
 // 2 CleanUpOnly (abort the communicators, nothing more), 3 SkipCleanUp (end the process without aborting them; the
 // default when unset). An element must end a failed stream with an ERROR message and live on, so 1 and 3 are out.
 // CleanUpOnly is taken over NoHandling: should our own watchdog (below) not end a collective that never completes,
-// c10d's abort frees the stream after c10d's timeout, where NoHandling would leave the thread blocked for good. The
-// mode is read from the environment by each ProcessGroupNCCL's constructor; 2.11 has no per-group option for it
-// (ProcessGroupNCCL::Options has none), so it is set once per process, before the first group forms; a value already
-// set that keeps the process alive (0 or 2) is left as the user chose it.
-const char* nccl_error_handling_to_set(const char* current) {
-  if (current && (std::strcmp(current, "0") == 0 || std::strcmp(current, "2") == 0)) return nullptr;
-  return "2";
+// c10d's abort frees the stream after c10d's timeout, where NoHandling would leave the thread blocked for good. A
+// value the user set that keeps the process alive (0 or 2) is kept. The mode goes on our groups themselves (see
+// KeptAliveProcessGroup), never into the environment: setenv in a process whose other threads read the environment
+// (any GStreamer application) is undefined behaviour.
+int nccl_error_handling_mode(const char* current) {
+  if (current && std::strcmp(current, "0") == 0) return 0;
+  return 2;
 }
 
-void keep_process_on_nccl_errors() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+int keep_process_on_nccl_errors() {
+  static const int mode = [] {
     const char* current = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-    const char* value = nccl_error_handling_to_set(current);
-    if (!value) return;
-    if (current && *current)
+    const int m = nccl_error_handling_mode(current);
+    if (current && *current && std::to_string(m) != current)
       std::fprintf(stderr,
-                   "latent: TORCH_NCCL_ASYNC_ERROR_HANDLING=%s would end the process on an NCCL error; using %s\n",
-                   current, value);
-    // Once, before any ProcessGroupNCCL of this process reads the environment (every caller waits on the once).
-    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", value, 1);
-  });
+                   "latent: TORCH_NCCL_ASYNC_ERROR_HANDLING=%s would end the process on an NCCL error; its groups "
+                   "use %d\n",
+                   current, m);
+    return m;
+  }();
+  return mode;
 }
 
 #if LATENT_WITH_CUDA
 namespace {
+
+// c10d takes the error handling mode from the environment in its constructor, into a protected member; this group
+// sets the member instead, before any collective exists that could fail.
+class KeptAliveProcessGroup : public c10d::ProcessGroupNCCL {
+ public:
+  KeptAliveProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::intrusive_ptr<Options> options,
+                        c10d::ErrorHandlingMode mode)
+      : ProcessGroupNCCL(std::move(store), rank, size, std::move(options)) {
+    asyncErrorHandling_ = mode;
+  }
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -73,8 +84,9 @@ class NcclCommunicator : public Communicator {
     // never comes. A blocking init would wait outside every timeout.
     options->config.blocking = 0;
 #endif
-    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-        c10::make_intrusive<c10d::PrefixStore>("latent/nccl/" + name, store), rank, size, options);
+    pg_ = c10::make_intrusive<KeptAliveProcessGroup>(
+        c10::make_intrusive<c10d::PrefixStore>("latent/nccl/" + name, store), rank, size, options,
+        c10d::ErrorHandlingMode(keep_process_on_nccl_errors()));
     watchdog_ = std::make_unique<Watchdog>([this](const Watchdog::Fired& f) { end_group(f.kind, f.why); },
                                            kWatchdogTick, [this] { return store_abort(); });
   }

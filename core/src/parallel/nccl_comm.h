@@ -21,11 +21,12 @@ std::shared_ptr<Communicator> make_nccl_communicator(c10::intrusive_ptr<c10d::St
                                                      int rank, int size, const torch::Device& device,
                                                      std::chrono::milliseconds timeout, const Enlist& enlist = {});
 
-// The value TORCH_NCCL_ASYNC_ERROR_HANDLING must take so that c10d never ends the process, given its value now
-// (null: unset); null where the value now already does that.
-const char* nccl_error_handling_to_set(const char* current);
+// The error handling mode (TORCH_NCCL_ASYNC_ERROR_HANDLING's values) this project's NCCL groups run with, given
+// the variable's value (null: unset): one that never ends the process, the user's where theirs does not.
+int nccl_error_handling_mode(const char* current);
 
-// Sets TORCH_NCCL_ASYNC_ERROR_HANDLING for this process, once, before the first ProcessGroupNCCL reads it.
-void keep_process_on_nccl_errors();
+// The mode of this process's groups, read once (a note on stderr where the user's value is overridden). The
+// environment is left as it is.
+int keep_process_on_nccl_errors();
 
 }  // namespace latent::parallel
