@@ -664,6 +664,68 @@ GST_START_TEST(test_the_prompt_switcher_stops_without_waiting_for_an_encoding) {
 }
 GST_END_TEST;
 
+// A flushing seek that arrives while a block is being made interrupts it (not a push waiting on a full sink, which
+// is what a seek mostly met with a small appsink queue): the seek is sent once a block has made its first model
+// call, the calls the old stream made are then not a whole number of blocks, and the replay equals the stream.
+GST_START_TEST(test_a_seek_during_a_block_interrupts_it) {
+  const std::string desc = "videogen name=gen model=" + (data() / "pipeline").string() +
+                           " transformer-weights=" + (data() / "causal-model.pt").string() +
+                           " prompt-embeds=" + embeds("a") +
+                           " schedule=causal seed=9 width=768 height=576 num-frames=45 kv-window=6 sink-frames=3 ! "
+                           "appsink name=out sync=false";
+  const auto model_calls = [](GstElement* gen) {
+    guint64 n = 0;
+    g_object_get(gen, "model-calls", &n, nullptr);
+    return n;
+  };
+  const auto to_eos = [](GstAppSink* sink) {
+    std::vector<torch::Tensor> out;
+    while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+      GstMapInfo m;
+      GstBuffer* b = gst_sample_get_buffer(s);
+      gst_buffer_map(b, &m, GST_MAP_READ);
+      out.push_back(torch::from_blob(m.data, {int64_t(m.size / sizeof(float))}, torch::kFloat).clone());
+      gst_buffer_unmap(b, &m);
+      gst_sample_unref(s);
+    }
+    fail_unless(gst_app_sink_is_eos(sink), "no EOS");
+    return out;
+  };
+  // A plain run: its latents, and the calls of its 4 blocks.
+  GstElement* pipeline = gst_parse_launch(desc.c_str(), nullptr);
+  GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  const std::vector<torch::Tensor> plain = to_eos(sink);
+  const guint64 run_calls = model_calls(gen), per_block = run_calls / 4;
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  fail_unless(plain.size() == 12 && run_calls % 4 == 0 && per_block >= 3, "%zu latents, %" G_GUINT64_FORMAT " calls",
+              plain.size(), run_calls);
+
+  gst_element_set_state(pipeline, GST_STATE_PLAYING);
+  guint64 at_seek = 0;
+  for (int i = 0; i < 200000; ++i) {  // the first call of the second block or a later one
+    at_seek = model_calls(gen);
+    if (at_seek > per_block && at_seek % per_block == 1) break;
+    g_usleep(100);
+  }
+  fail_unless(at_seek % per_block == 1, "no block start seen (%" G_GUINT64_FORMAT " calls)", at_seek);
+  fail_unless(gst_element_seek_simple(pipeline, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH), 0));
+  const std::vector<torch::Tensor> after = to_eos(sink);
+  const guint64 old_stream = model_calls(gen) - run_calls;
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(gen);
+  gst_object_unref(pipeline);
+  fail_unless(old_stream % per_block != 0,
+              "the old stream made %" G_GUINT64_FORMAT " calls, whole blocks of %" G_GUINT64_FORMAT
+              ": the seek did not cut a block",
+              old_stream, per_block);
+  fail_unless_equals_int(after.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) fail_unless(torch::equal(after[i], plain[i]), "latent %zu differs", i);
+}
+GST_END_TEST;
+
 GST_START_TEST(test_bad_settings_are_refused_by_name) {
   const std::string a = embeds("a");
   const auto said = [&](const std::string& props) { return error_of(causal_gen(9, "prompt-embeds=" + a + " " + props)); };
@@ -711,6 +773,7 @@ static Suite* causal_suite() {
   tcase_add_test(tc, test_the_prompt_switcher_calls_back_outside_its_lock);
   tcase_add_test(tc, test_the_prompt_switcher_stops_without_waiting_for_an_encoding);
   tcase_add_test(tc, test_a_seek_keeps_the_live_prompt);
+  tcase_add_test(tc, test_a_seek_during_a_block_interrupts_it);
   if (pipeline_fixtures().empty())
     latent_test::skip_missing("no pipeline fixtures (LATENT_PIPELINE_FIXTURES unset: a build without the .venv): "
                               "prompt-schedule with a text encoder not run");
