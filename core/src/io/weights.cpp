@@ -1,5 +1,9 @@
 #include "latent/io/weights.h"
 
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/isinf.h>
+#include <ATen/ops/isnan.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -262,15 +266,24 @@ torch::Tensor WeightReader::take(const std::string& name, std::vector<int64_t> s
   if (!at::isFloatingType(it->second.scalar_type()))
     misshaped_.push_back(name + " has dtype " + std::string(c10::toString(it->second.scalar_type())));
   torch::Tensor t = it->second.to(device_, dtype_).contiguous();
-  return t.is_same(it->second) ? t.alias() : t;
+  if (t.is_same(it->second)) return t.alias();
+  // One NaN weight makes every latent NaN; a value past the dtype's range becomes infinite in the conversion.
+  if (at::isFloatingType(t.scalar_type()) && !at::isfinite(t).all().item<bool>()) {
+    const int64_t nan = at::isnan(t).sum().item<int64_t>(), inf = at::isinf(t).sum().item<int64_t>();
+    non_finite_.push_back(name + " holds " + std::to_string(nan) + " NaN and " + std::to_string(inf) +
+                          " infinite values as " + std::string(c10::toString(dtype_)));
+  }
+  return t;
 }
 
 void WeightReader::finish() const {
   std::vector<std::string> unused;
   for (const auto& [name, used] : used_)
     if (!used) unused.push_back(name);
-  if (missing_.empty() && misshaped_.empty() && unused.empty()) return;
-  std::string msg = source_.weights.string() + ": weights do not match the model";
+  if (missing_.empty() && misshaped_.empty() && non_finite_.empty() && unused.empty()) return;
+  std::string msg = source_.weights.string() + (missing_.empty() && misshaped_.empty() && unused.empty()
+                                                    ? ": weights hold values that are not finite"
+                                                    : ": weights do not match the model");
   auto list = [&msg](const char* what, const std::vector<std::string>& names) {
     if (names.empty()) return;
     msg += "\n  " + std::to_string(names.size()) + " " + what + ":";
@@ -279,6 +292,7 @@ void WeightReader::finish() const {
   };
   list("missing", missing_);
   list("with the wrong shape or dtype", misshaped_);
+  list("with NaN or infinite values", non_finite_);
   list("unexpected", unused);
   throw ModelError(msg);
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -617,4 +618,35 @@ TEST_F(Pth, NeverRunsPickledCode) {
   expect_has(msg, "evil.pth: not a readable torch.save checkpoint: data.pkl: GLOBAL (0x63) at offset");
   expect_has(msg, "global 'posix.system' refused");
   EXPECT_FALSE(fs::exists(marker));
+}
+
+// A weight converted on load (another dtype or device) is checked on the way: a NaN, or a value past the new
+// dtype's range (3e38 as float16), is refused naming the tensor, where it used to give all-NaN latents. A weight
+// only viewed (the file's dtype on the CPU) is not read at load; the elements report non-finite output instead.
+TEST(WeightReaderChecks, ConvertedNonFiniteValuesAreRefusedByName) {
+  WeightSource src;
+  src.weights = "model.safetensors";
+  src.tensors["fine"] = torch::ones({4, 4});
+  src.tensors["nan"] = torch::ones({4, 4});
+  src.tensors["nan"][1][2] = std::numeric_limits<float>::quiet_NaN();
+  src.tensors["huge"] = torch::full({4}, 3e38f);
+  {
+    WeightReader r(src, torch::kCPU, torch::kFloat16);
+    for (const char* name : {"fine", "nan"}) r.take(name, {4, 4});
+    r.take("huge", {4});
+    try {
+      r.finish();
+      ADD_FAILURE() << "non-finite weights were accepted";
+    } catch (const ModelError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("weights hold values that are not finite"), std::string::npos) << what;
+      EXPECT_NE(what.find("nan holds 1 NaN and 0 infinite values as Half"), std::string::npos) << what;
+      EXPECT_NE(what.find("huge holds 0 NaN and 4 infinite values"), std::string::npos) << what;
+      EXPECT_EQ(what.find("fine"), std::string::npos) << what;
+    }
+  }
+  WeightReader viewed(src, torch::kCPU, torch::kFloat);
+  for (const char* name : {"fine", "nan"}) viewed.take(name, {4, 4});
+  viewed.take("huge", {4});
+  EXPECT_NO_THROW(viewed.finish());
 }

@@ -49,8 +49,11 @@ class WeightReader {
   // The tensor converted to the compute device and dtype; an undefined tensor (and a recorded problem) when it
   // is missing or its shape differs from `shape`. Where no conversion was needed it is a new view of the
   // source's storage, so settle_residency() can tell kept tensors from dropped ones by their storage's users.
+  // A converted tensor (another device or dtype) is checked for NaN and infinite values on the way, which costs one
+  // pass over memory it has just written; one that is only viewed is not, so its mapped pages are not all read at
+  // load (the elements say so of their output instead).
   torch::Tensor take(const std::string& name, std::vector<int64_t> shape);
-  // Throws ModelError listing missing, mis-shaped and unused tensors, if any.
+  // Throws ModelError listing missing, mis-shaped, non-finite and unused tensors, if any.
   void finish() const;
 
  private:
@@ -60,6 +63,7 @@ class WeightReader {
   std::map<std::string, bool> used_;
   std::vector<std::string> missing_;
   std::vector<std::string> misshaped_;
+  std::vector<std::string> non_finite_;
 };
 
 }  // namespace latent
