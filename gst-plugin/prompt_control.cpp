@@ -171,7 +171,6 @@ void PromptControl::attach(Model model) {
   } else {
     o.device = device;
     if (model.live && device.is_cuda()) {
-      std::error_code ec;
       fs::path folder;
       try {
         folder = text_pipeline_folder(model.path);
