@@ -69,11 +69,13 @@ PromptControl::PromptControl(GstElement* element, PropertyIds ids, Apply apply)
               latest_ = s;
             }
             apply_(s);
+            GST_INFO_OBJECT(element_, "prompt \"%s\" handed to the stream", label.c_str());
           },
           [this](const std::string& label, const std::string& error) {
             GST_ELEMENT_WARNING(element_, RESOURCE, OPEN_READ,
                                 ("Cannot switch to the prompt \"%s\": %s", label.c_str(), error.c_str()),
                                 ("the stream goes on under its prompt"));
+            GST_INFO_OBJECT(element_, "prompt \"%s\" refused: %s", label.c_str(), error.c_str());
           }) {
   static gsize once = 0;
   if (g_once_init_enter(&once)) {
@@ -265,6 +267,7 @@ void PromptControl::switch_to(const Choice& choice) {
       r = resident();
     } catch (const std::exception& e) {
       GST_ELEMENT_WARNING(element_, RESOURCE, NOT_FOUND, ("Cannot switch the prompt: %s", e.what()), (nullptr));
+      GST_INFO_OBJECT(element_, "prompt \"%s\" refused: %s", choice.prompt->c_str(), e.what());
       return;
     }
     const std::string prompt = *choice.prompt;

@@ -30,6 +30,7 @@
 #include "check_main.h"
 #include "generated_latents.h"
 #include "pipeline_run.h"
+#include "prompt_settled.h"
 #include "test_restyle.h"
 
 namespace {
@@ -210,10 +211,14 @@ GST_START_TEST(test_prompt_set_while_playing_switches_at_a_block_start) {
   fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
   Out out;
   const std::string b = embeds("b", {}, "prompt.B");
+  latent_test::PromptsSettled settled;
   while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
     out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
     gst_sample_unref(s);
-    if (out.buffers.size() == 4) g_object_set(gen, "prompt-embeds", b.c_str(), nullptr);
+    if (out.buffers.size() == 4) {
+      g_object_set(gen, "prompt-embeds", b.c_str(), nullptr);
+      fail_unless(settled.wait_for(1), "the prompt set while playing never reached the stream");
+    }
   }
   fail_unless(gst_app_sink_is_eos(sink), "the stream did not end");
   gst_element_set_state(pipeline, GST_STATE_NULL);
@@ -285,11 +290,17 @@ GST_START_TEST(test_a_live_switch_by_the_other_property_replaces_it) {
     tags.attach(pipeline);
     GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
     GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+    latent_test::PromptsSettled settled;
     fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
     size_t n = 0;
     while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
       gst_sample_unref(s);
-      if (++n == 2) g_object_set(gen, name, value.c_str(), nullptr);
+      if (++n == 2) {
+        // The generator waits on the sink meanwhile: the switch lands before the stream ends, however slow the
+        // encoding.
+        g_object_set(gen, name, value.c_str(), nullptr);
+        fail_unless(settled.wait_for(1), "the live %s never reached the stream", name);
+      }
     }
     fail_unless(gst_app_sink_is_eos(sink), "the stream did not end after %zu latents", n);
     fail_unless_equals_int(n, 12);
@@ -612,10 +623,14 @@ GST_START_TEST(test_live_switches_do_not_load_the_text_encoder_again) {
   size_t n = 0;
   uint64_t started = 0;
   const char* prompts[] = {"a snowy forest", "a city at night", "a calm sea"};
+  latent_test::PromptsSettled settled;
   while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
     gst_sample_unref(s);
     if (++n == 1) started = latent::TextEncoder::loads();
-    if (n == 2 || n == 5 || n == 8) g_object_set(gen, "prompt", prompts[(n - 2) / 3], nullptr);
+    if (n == 2 || n == 5 || n == 8) {
+      g_object_set(gen, "prompt", prompts[(n - 2) / 3], nullptr);
+      fail_unless(settled.wait_for((n + 1) / 3), "the live prompt %zu never reached the stream", (n + 1) / 3);
+    }
   }
   fail_unless(gst_app_sink_is_eos(sink) && n == 12, "the stream gave %zu latents", n);
   gst_element_set_state(p, GST_STATE_NULL);
@@ -658,7 +673,9 @@ GST_START_TEST(test_the_prompt_switcher_stops_without_waiting_for_an_encoding) {
   fail_unless_equals_int(delivered.load(), 0);
   switcher.open();
   fail_unless(switcher.submit("next stream", [] { return torch::zeros({1}); }));
-  for (int i = 0; i < 200 && delivered == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Bounded by the alarm, not by a time a loaded machine might miss.
+  ::alarm(30);
+  while (delivered == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   fail_unless_equals_int(delivered.load(), 1);
   ::alarm(0);
 }

@@ -24,6 +24,7 @@
 #include "check_main.h"
 #include "generated_latents.h"
 #include "pipeline_run.h"
+#include "prompt_settled.h"
 #include "test_restyle.h"
 
 namespace {
@@ -112,6 +113,36 @@ torch::Tensor got(const Out& out) { return latent_test::stacked(out, kC, kH, kW)
 double rel(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max()).item<double>();
 }
+
+// Sets `name` to `value` on the element "r" when the n-th frame reaches it, from the streaming thread, and holds
+// that frame until the switcher's worker has handed the prompt over (or refused it).
+struct SetAtFrame {
+  int at;
+  std::string name, value;
+  int n = 0;
+  latent_test::PromptsSettled settled{};
+  void attach(GstElement* pipeline) {
+    GstElement* r = gst_bin_get_by_name(GST_BIN(pipeline), "r");
+    GstPad* in = gst_element_get_static_pad(r, "sink");
+    gst_pad_add_probe(
+        in, GST_PAD_PROBE_TYPE_BUFFER,
+        [](GstPad* pad, GstPadProbeInfo*, gpointer d) {
+          auto* self = static_cast<SetAtFrame*>(d);
+          if (++self->n == self->at) {
+            GstElement* e = gst_pad_get_parent_element(pad);
+            const size_t before = self->settled.count();
+            g_object_set(e, self->name.c_str(), self->value.c_str(), nullptr);
+            gst_object_unref(e);
+            fail_unless(self->settled.wait_for(before + 1), "the %s set at frame %d never settled", self->name.c_str(),
+                        self->at);
+          }
+          return GST_PAD_PROBE_OK;
+        },
+        this, nullptr);
+    gst_object_unref(in);
+    gst_object_unref(r);
+  }
+};
 
 }  // namespace
 
@@ -212,6 +243,7 @@ GST_START_TEST(test_prompt_set_while_playing_switches) {
     size_t buffers = 0;
     long tag_at = -1;
   } seen;
+  SetAtFrame set{4, "prompt-embeds", prompt_b()};
   Out out;
   latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
                    [&](GstElement* p) {
@@ -241,25 +273,7 @@ GST_START_TEST(test_prompt_set_while_playing_switches) {
                      gst_object_unref(pad);
                      gst_object_unref(sink);
                      // At the fourth frame, from the streaming thread (as an application's would come from any thread).
-                     // The worker delivers it while frames go on: each later frame waits 40 ms, so a slow machine still
-                     // gives it the rest of the stream (400 ms) to land.
-                     GstPad* in = gst_element_get_static_pad(r, "sink");
-                     static std::string b;
-                     b = prompt_b();
-                     gst_pad_add_probe(
-                         in, GST_PAD_PROBE_TYPE_BUFFER,
-                         [](GstPad* pad, GstPadProbeInfo*, gpointer) {
-                           static int n = 0;
-                           if (++n == 4) {
-                             GstElement* e = gst_pad_get_parent_element(pad);
-                             g_object_set(e, "prompt-embeds", b.c_str(), nullptr);
-                             gst_object_unref(e);
-                           }
-                           if (n >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(40));
-                           return GST_PAD_PROBE_OK;
-                         },
-                         nullptr, nullptr);
-                     gst_object_unref(in);
+                     set.attach(p);
                      gst_object_unref(r);
                      feed(raw_input())(p);
                    });
@@ -333,33 +347,6 @@ GST_START_TEST(test_video_chain_keeps_every_frame) {
 GST_END_TEST;
 
 namespace {
-
-// Sets `name` to `value` on the element "r" when the n-th frame reaches it, from the streaming thread; later frames
-// wait 40 ms each, so the switcher's worker has time to land it.
-struct SetAtFrame {
-  int at;
-  std::string name, value;
-  int n = 0;
-  void attach(GstElement* pipeline) {
-    GstElement* r = gst_bin_get_by_name(GST_BIN(pipeline), "r");
-    GstPad* in = gst_element_get_static_pad(r, "sink");
-    gst_pad_add_probe(
-        in, GST_PAD_PROBE_TYPE_BUFFER,
-        [](GstPad* pad, GstPadProbeInfo*, gpointer d) {
-          auto* self = static_cast<SetAtFrame*>(d);
-          if (++self->n == self->at) {
-            GstElement* e = gst_pad_get_parent_element(pad);
-            g_object_set(e, self->name.c_str(), self->value.c_str(), nullptr);
-            gst_object_unref(e);
-          }
-          if (self->n >= self->at) std::this_thread::sleep_for(std::chrono::milliseconds(40));
-          return GST_PAD_PROBE_OK;
-        },
-        this, nullptr);
-    gst_object_unref(in);
-    gst_object_unref(r);
-  }
-};
 
 // The warnings the pipeline posts, recorded as they are posted.
 struct Warnings {
@@ -474,8 +461,9 @@ GST_START_TEST(test_prompts_before_caps_and_across_new_caps) {
   const torch::Tensor with_b = run_by_hand("raw-input=false prompt-embeds=" + b, in, {kCaps}, {0});
   const torch::Tensor before_caps =
       run_by_hand("raw-input=false prompt-embeds=" + a, in, {kCaps}, {0}, [&](GstElement* p) {
+        latent_test::PromptsSettled settled;
         g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", b.c_str(), nullptr);
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // read in milliseconds, off this thread
+        fail_unless(settled.wait_for(1), "the prompt set in PAUSED never settled");  // read off this thread
       });
   fail_unless_equals_int(before_caps.size(0), with_b.size(0));
   for (int64_t f = 0; f < with_b.size(0); ++f)
