@@ -11,7 +11,6 @@
 #include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
-#include "held_events.h"
 #include "latent/vae/streaming.h"
 #include "latent_caps.h"
 #include "model_glue.h"
@@ -28,13 +27,6 @@ namespace {
 
 enum {
   PROP_CHUNK_LATENTS = latent::gst::PROP_FIRST_FREE,
-  PROP_LATENTS_IN,
-  PROP_FRAMES_OUT,
-  PROP_MEAN_CHUNK_LATENCY,
-  PROP_TILE_SIZE,
-  PROP_TILE_OVERLAP,
-  PROP_BAND_HEIGHT,
-  PROP_MAX_MEMORY,
 };
 
 // A latent waiting for its frames: where they start and how many are real.
@@ -48,10 +40,7 @@ struct Pending {
 struct Impl {
   latent::gst::ModelSettings settings;  // object lock
   guint chunk_latents = 1;
-  guint tile_size = 0;
-  double tile_overlap = 0;
-  guint band_height = 0;
-  gint max_memory = -1;  // MiB; -1 automatic (BandOptions::automatic)
+  latent::gst::MemorySettings memory;
 
   std::shared_ptr<const latent::Vae> model;                // the first rank's
   std::vector<std::shared_ptr<const latent::Vae>> models;  // one per rank
@@ -59,17 +48,10 @@ struct Impl {
   std::optional<LatentCapsInfo> in;
   GstVideoInfo out{};
   latent::gst::VideoOutputPool pool;  // where the frames of `out` are written
-  std::deque<Pending> pending;
-  int64_t emitted_of_front = 0;    // frames of pending.front() already pushed
-  uint64_t next_latent = 0;        // stream number of the next latent in
-  uint64_t done_latents = 0;       // latents of the stream whose frames have all gone out
-  bool warned_non_finite = false;  // a latent with NaN or infinite values was reported this stream
-  bool discont = true;
-  latent::gst::HeldEvents held;  // serialized events behind latents not yet decoded
+  std::deque<Pending> pending;        // the base counts latents in taken (the next one's number) and done
+  int64_t emitted_of_front = 0;       // frames of pending.front() already pushed
+  bool warned_non_finite = false;     // a latent with NaN or infinite values was reported this stream
 
-  std::atomic<guint64> frames{0}, latents{0};
-  latent::gst::ChunkStats stats;
-  latent::gst::LatencyBound compute;
   // Frames held before the first comes out, as time: set by the streaming thread, read by LATENCY queries.
   std::atomic<GstClockTime> hold_time{0};
 };
@@ -77,13 +59,11 @@ struct Impl {
 }  // namespace
 
 struct _GstVaeDecode {
-  GstElement parent;
-  GstPad* sinkpad;
-  GstPad* srcpad;
+  GstLatentFilter parent;
   Impl* impl;
 };
 
-G_DEFINE_TYPE_WITH_CODE(GstVaeDecode, gst_vae_decode, GST_TYPE_ELEMENT,
+G_DEFINE_TYPE_WITH_CODE(GstVaeDecode, gst_vae_decode, GST_TYPE_LATENT_FILTER,
                         GST_DEBUG_CATEGORY_INIT(vae_decode_debug, "vaedecode", 0, "video VAE decoder"));
 GST_ELEMENT_REGISTER_DEFINE(vaedecode, "vaedecode", GST_RANK_NONE, GST_TYPE_VAE_DECODE);
 
@@ -94,9 +74,8 @@ GstClockTime frame_duration(const Impl& s) {
   return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.out), GST_VIDEO_INFO_FPS_N(&s.out));
 }
 
-// The decoder holds up to one chunk of latents (3 for CogVideoX) before frames come out, then computes for up to
-// the compute bound. Read from any thread.
-GstClockTime our_latency(const Impl& s) { return s.hold_time.load() + s.compute.announced(); }
+// The decoder holds up to one chunk of latents (3 for CogVideoX) before frames come out. Read from any thread.
+GstClockTime held_latency(GstLatentFilter* filter) { return GST_VAE_DECODE(filter)->impl->hold_time.load(); }
 
 // The streaming thread's part, once the caps are known.
 void update_hold_time(Impl& s) {
@@ -110,19 +89,18 @@ void update_hold_time(Impl& s) {
   s.hold_time = GstClockTime(held * s.in->temporal_factor) * frame;
 }
 
-// Whether latents are held whose frames have not all gone out (serialized events then wait behind them).
-bool holding(const Impl& s) { return s.next_latent > s.done_latents || !s.held.empty(); }
-
 bool negotiate_output(GstVaeDecode* self);
 
 // Pushes decoded frames, stamping them from the latents they came from.
 GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
   Impl& s = *self->impl;
+  auto* filter = GST_LATENT_FILTER(self);
+  GstPad* srcpad = latent::gst::src_pad(filter);
   if (!frames.defined() || frames.size(0) == 0) return GST_FLOW_OK;
   // Downstream asked for new caps or a new pool (RECONFIGURE).
-  if (gst_pad_check_reconfigure(self->srcpad) && !negotiate_output(self)) {
-    gst_pad_mark_reconfigure(self->srcpad);
-    return GST_PAD_IS_FLUSHING(self->srcpad) ? GST_FLOW_FLUSHING : GST_FLOW_NOT_NEGOTIATED;
+  if (gst_pad_check_reconfigure(srcpad) && !negotiate_output(self)) {
+    gst_pad_mark_reconfigure(srcpad);
+    return GST_PAD_IS_FLUSHING(srcpad) ? GST_FLOW_FLUSHING : GST_FLOW_NOT_NEGOTIATED;
   }
   torch::Tensor rgb = latent::frames_to_rgb8(frames);
   const GstClockTime dur = frame_duration(s);
@@ -143,10 +121,11 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
       }
     }
     s.emitted_of_front++;
+    // Events that came in before this frame's latent go out ahead of it.
+    uint64_t covers_end = 0;
     if (!s.pending.empty()) {
-      // Events that came in before this frame's latent go out ahead of it.
-      s.held.release_before(self->srcpad, s.pending.front().index + 1);
-      if (s.emitted_of_front >= s.pending.front().frames) s.done_latents = s.pending.front().index + 1;
+      covers_end = s.pending.front().index + 1;
+      if (s.emitted_of_front >= s.pending.front().frames) latent::gst::filter_stream(filter).done = covers_end;
     }
     GstBuffer* acquired = nullptr;
     const GstFlowReturn got = s.pool.acquire(&acquired);
@@ -169,90 +148,68 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
     }
     GST_BUFFER_PTS(buf.get()) = pts;
     GST_BUFFER_DURATION(buf.get()) = dur;
-    if (s.discont) {
-      GST_BUFFER_FLAG_SET(buf.get(), GST_BUFFER_FLAG_DISCONT);
-      s.discont = false;
-    }
-    s.frames++;
-    GstFlowReturn ret = gst_pad_push(self->srcpad, buf.release());
+    GstFlowReturn ret = latent::gst::push_output(filter, buf.release(), covers_end);
     if (ret != GST_FLOW_OK) return ret;
   }
   return GST_FLOW_OK;
 }
 
+gboolean negotiated(GstLatentFilter* filter) {
+  const Impl& s = *GST_VAE_DECODE(filter)->impl;
+  return s.in && s.decoder;
+}
+
+// A clip has begun once a latent came: its first latent decodes to one frame, so even a clip decoded to its end
+// must be ended for the next latent to start one.
+gboolean pending(GstLatentFilter* filter) {
+  const Impl& s = *GST_VAE_DECODE(filter)->impl;
+  return s.decoder && s.decoder->latents_in() > 0;
+}
+
+GstFlowReturn finish(GstLatentFilter* filter) {
+  auto* self = GST_VAE_DECODE(filter);
+  latent::DecoderStream& decoder = *self->impl->decoder;
+  return decoder.pending_latents() > 0 ? push_frames(self, decoder.finish()) : GST_FLOW_OK;
+}
+
 // Starts a new clip. Resetting a patch-parallel group re-forms it, which can fail: false after an ERROR message.
-bool reset_clip(GstVaeDecode* self) {
-  Impl& s = *self->impl;
+gboolean reset_clip(GstLatentFilter* filter) {
+  Impl& s = *GST_VAE_DECODE(filter)->impl;
   s.pending.clear();
   s.emitted_of_front = 0;
-  s.done_latents = s.next_latent;
-  s.discont = true;
-  return !s.decoder || latent::gst::guarded(GST_ELEMENT(self), "starting a new clip", [&] { s.decoder->reset(); });
+  return !s.decoder || latent::gst::guarded(GST_ELEMENT(filter), "starting a new clip", [&] { s.decoder->reset(); });
 }
 
-// Decodes what is held, lets the events held behind it go and starts a new clip.
-GstFlowReturn drain(GstVaeDecode* self) {
+GstFlowReturn handle_buffer(GstLatentFilter* filter, GstBuffer* buffer) {
+  auto* self = GST_VAE_DECODE(filter);
   Impl& s = *self->impl;
-  GstFlowReturn ret = GST_FLOW_OK;
-  if (s.decoder && s.decoder->pending_latents() > 0 &&
-      !latent::gst::guarded(GST_ELEMENT(self), "decoding the end of the clip",
-                            [&] { ret = push_frames(self, s.decoder->finish()); }))
-    ret = GST_FLOW_ERROR;
-  s.done_latents = s.next_latent;
-  s.held.release_all(self->srcpad);
-  if (!reset_clip(self) && ret == GST_FLOW_OK) ret = GST_FLOW_ERROR;
-  return ret;
-}
-
-GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
-  auto* self = GST_VAE_DECODE(parent);
-  Impl& s = *self->impl;
+  uint64_t& taken = latent::gst::filter_stream(filter).taken;
   latent::gst::BufferPtr buf(buffer);
-  if (!s.in || !s.decoder) {
-    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first latent."), (nullptr));
-    return GST_FLOW_NOT_NEGOTIATED;
-  }
-  GstFlowReturn ret = GST_FLOW_OK;
-  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.decoder->latents_in() > 0) {
-    ret = drain(self);
-    if (ret != GST_FLOW_OK) return ret;
-  }
   latent::gst::BufferMap map(buf.get(), GST_MAP_READ);
   if (!map) {
     GST_ELEMENT_ERROR(self, STREAM, DECODE, ("Cannot read a latent buffer."), ("buffer %" GST_PTR_FORMAT, buf.get()));
     return GST_FLOW_ERROR;
   }
-  try {
-    // The first latent of a clip stands for 1 frame, the others for temporal-factor frames; the buffer's
-    // offsets say how many of those are real (fewer at the padded end of a clip).
-    torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).unsqueeze(0);
-    LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
-    latent::gst::warn_once_if_non_finite(GST_ELEMENT(self), s.warned_non_finite, z, s.next_latent, stamp.pts,
-                                         "its frames are not a picture");
-    const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
-    const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
-    s.pending.push_back({stamp.pts, stamp.first_frame, real, s.next_latent});
-    auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor frames = s.decoder->push(z, {real});  // copies z, so the latent can go back upstream
-    map.release();
-    buf.reset();
-    s.latents++;
-    s.next_latent++;
-    if (frames.defined())
-      latent::gst::record_compute_time(GST_ELEMENT(self), s.stats, s.compute, std::chrono::steady_clock::now() - t0);
-    ret = push_frames(self, frames);
-  } catch (const std::exception& e) {
-    latent::gst::post_exception(GST_ELEMENT(self), "decoding", e);
-    ret = GST_FLOW_ERROR;
-  } catch (...) {
-    latent::gst::post_exception(GST_ELEMENT(self), "decoding", std::runtime_error("an exception of unknown type"));
-    ret = GST_FLOW_ERROR;
-  }
-  return ret;
+  // The first latent of a clip stands for 1 frame, the others for temporal-factor frames; the buffer's offsets
+  // say how many of those are real (fewer at the padded end of a clip).
+  torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).unsqueeze(0);
+  LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
+  latent::gst::warn_once_if_non_finite(GST_ELEMENT(self), s.warned_non_finite, z, taken, stamp.pts,
+                                       "its frames are not a picture");
+  const int64_t span = s.decoder->latents_in() == 0 ? 1 : s.in->temporal_factor;
+  const int64_t real = stamp.has_frame_range() ? std::min<int64_t>(int64_t(stamp.source_frames()), span) : span;
+  s.pending.push_back({stamp.pts, stamp.first_frame, real, taken});
+  const auto t0 = std::chrono::steady_clock::now();
+  torch::Tensor frames = s.decoder->push(z, {real});  // copies z, so the latent can go back upstream
+  map.release();
+  buf.reset();
+  taken++;
+  if (frames.defined()) latent::gst::record_compute(filter, std::chrono::steady_clock::now() - t0);
+  return push_frames(self, frames);
 }
 
 // Every RGB layout we write, at the size and rate the latents decode to, for downstream to pick from.
-GstCaps* offered_caps(const GstVaeDecode* self) {
+GstCaps* offered_caps(GstVaeDecode* self) {
   const LatentCapsInfo& in = *self->impl->in;
   // The video size is the source's; latents of other grids decode to spatial_factor times their size.
   int w = in.video_width > 0 ? in.video_width : in.width * in.spatial_factor;
@@ -263,7 +220,7 @@ GstCaps* offered_caps(const GstVaeDecode* self) {
   }
   Fraction fps = in.video_framerate;
   if (fps.num == 0 && in.framerate.num > 0) fps = {in.framerate.num * in.temporal_factor, in.framerate.den};
-  GstCaps* caps = gst_caps_make_writable(gst_pad_get_pad_template_caps(self->srcpad));
+  GstCaps* caps = gst_caps_make_writable(gst_pad_get_pad_template_caps(latent::gst::src_pad(GST_LATENT_FILTER(self))));
   gst_caps_set_simple(caps, "width", G_TYPE_INT, w, "height", G_TYPE_INT, h, "framerate", GST_TYPE_FRACTION, fps.num,
                       fps.den, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
   return caps;
@@ -273,9 +230,10 @@ GstCaps* offered_caps(const GstVaeDecode* self) {
 // written into (ALLOCATION query). Runs when the latent caps change and when downstream asks (RECONFIGURE).
 bool negotiate_output(GstVaeDecode* self) {
   Impl& s = *self->impl;
-  gst_pad_check_reconfigure(self->srcpad);  // this negotiation answers a request made until now
+  GstPad* srcpad = latent::gst::src_pad(GST_LATENT_FILTER(self));
+  gst_pad_check_reconfigure(srcpad);  // this negotiation answers a request made until now
   GstCaps* want = offered_caps(self);
-  GstCaps* peer = gst_pad_peer_query_caps(self->srcpad, want);
+  GstCaps* peer = gst_pad_peer_query_caps(srcpad, want);
   GstCaps* chosen = gst_caps_is_empty(peer) ? nullptr : gst_caps_fixate(gst_caps_ref(peer));
   gst_caps_unref(peer);
   gst_caps_unref(want);
@@ -284,20 +242,21 @@ bool negotiate_output(GstVaeDecode* self) {
                       ("put videoconvert after vaedecode"));
     return false;
   }
-  GstCaps* current = gst_pad_get_current_caps(self->srcpad);
+  GstCaps* current = gst_pad_get_current_caps(srcpad);
   bool ok = true;
   if (!current || !gst_caps_is_equal(current, chosen)) {
     gst_video_info_from_caps(&s.out, chosen);
-    ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(chosen));
+    ok = gst_pad_push_event(srcpad, gst_event_new_caps(chosen));
   }
   if (current) gst_caps_unref(current);
   // New caps need a new pool; so may the same caps when downstream asks again (its pool or sink changed).
-  if (ok) s.pool.negotiate(GST_ELEMENT(self), self->srcpad, chosen);
+  if (ok) s.pool.negotiate(GST_ELEMENT(self), srcpad, chosen);
   gst_caps_unref(chosen);
   return ok;
 }
 
-bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
+gboolean set_latent_caps(GstLatentFilter* filter, GstCaps* caps) {
+  auto* self = GST_VAE_DECODE(filter);
   Impl& s = *self->impl;
   std::string why;
   auto info = LatentCapsInfo::from_caps(caps, &why);
@@ -326,8 +285,7 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
   if (!latent::gst::check_rows_for_ranks(GST_ELEMENT(self), *s.model, int64_t(info->height) * spec.spatial_factor,
                                          s.models.size()))
     return false;
-  if (s.in && drain(self) != GST_FLOW_OK) return false;
-  if (!reset_clip(self)) return false;
+  if (s.in ? latent::gst::drain(filter) != GST_FLOW_OK : !reset_clip(filter)) return false;
   s.in = info;
   const bool ok = negotiate_output(self);
   update_hold_time(s);
@@ -335,45 +293,16 @@ bool set_latent_caps(GstVaeDecode* self, GstCaps* caps) {
   return ok;
 }
 
-gboolean handle_sink_event(GstVaeDecode* self, GstPad* pad, GstEvent* event) {
-  Impl& s = *self->impl;
-  switch (GST_EVENT_TYPE(event)) {
-    case GST_EVENT_CAPS: {
-      GstCaps* caps;
-      gst_event_parse_caps(event, &caps);
-      bool ok = set_latent_caps(self, caps);
-      gst_event_unref(event);
-      return ok;
-    }
-    // As in vaeencode: the held latents are decoded under the segment they belong to before the stream or
-    // segment changes, and the next stream starts with fresh caches. Errors are posted; the event goes on.
-    case GST_EVENT_EOS:
-    case GST_EVENT_SEGMENT_DONE:
-    case GST_EVENT_STREAM_START:
-    case GST_EVENT_SEGMENT: drain(self); break;
-    case GST_EVENT_FLUSH_START: s.pool.set_flushing(true); break;  // a wait for a free buffer ends
-    case GST_EVENT_FLUSH_STOP:
-      s.pool.set_flushing(false);
-      s.held.flush();
-      s.next_latent = 0;
-      s.warned_non_finite = false;
-      reset_clip(self);
-      break;
-    default:
-      if (latent::gst::waits_behind_data(event) && holding(s)) {
-        GST_DEBUG_OBJECT(self, "holding %" GST_PTR_FORMAT " behind %" G_GUINT64_FORMAT " latents", event,
-                         s.next_latent - s.done_latents);
-        s.held.hold(event, s.next_latent);
-        return TRUE;
-      }
-      break;
-  }
-  return gst_pad_event_default(pad, GST_OBJECT(self), event);
+// A wait for a free output buffer ends at FLUSH_START; the pool serves again at FLUSH_STOP.
+void observe_event(GstLatentFilter* filter, GstEvent* event) {
+  Impl& s = *GST_VAE_DECODE(filter)->impl;
+  if (GST_EVENT_TYPE(event) == GST_EVENT_FLUSH_START) s.pool.set_flushing(true);
 }
 
-gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
-  auto* self = GST_VAE_DECODE(parent);
-  return latent::gst::guarded_event(GST_ELEMENT(self), [&] { return handle_sink_event(self, pad, event); });
+void flush(GstLatentFilter* filter) {
+  Impl& s = *GST_VAE_DECODE(filter)->impl;
+  s.pool.set_flushing(false);
+  s.warned_non_finite = false;
 }
 
 // The latents the loaded model decodes: its model id, channels and factors (any of them before READY).
@@ -381,7 +310,7 @@ GstCaps* decodable_caps(GstVaeDecode* self) {
   GST_OBJECT_LOCK(self);
   std::shared_ptr<const latent::Vae> model = self->impl->model;
   GST_OBJECT_UNLOCK(self);
-  if (!model) return gst_pad_get_pad_template_caps(self->sinkpad);
+  if (!model) return gst_pad_get_pad_template_caps(latent::gst::sink_pad(GST_LATENT_FILTER(self)));
   const latent::VaeSpec& spec = model->spec();
   GstCaps* caps = gst_caps_from_string(latent::gst::latent_template_caps_string(spec.model_id).c_str());
   gst_caps_set_simple(caps, "channels", G_TYPE_INT, int(spec.latent_channels), "temporal-factor", G_TYPE_INT,
@@ -392,20 +321,12 @@ GstCaps* decodable_caps(GstVaeDecode* self) {
 // A CAPS query names the loaded model, so an upstream that negotiates (videogen) sees the mismatch and says so.
 // ACCEPT_CAPS still takes any latent caps of the template: latents of another model then reach set_latent_caps,
 // which refuses them with a message that names both models, instead of a bare not-negotiated.
-gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
-  auto* self = GST_VAE_DECODE(parent);
+gboolean sink_query(GstLatentFilter* filter, GstQuery* query) {
   switch (GST_QUERY_TYPE(query)) {
-    case GST_QUERY_CAPS: return latent::gst::answer_caps_query(query, decodable_caps(self));
-    case GST_QUERY_ACCEPT_CAPS: return latent::gst::accept_template_caps(pad, query);
-    default: return gst_pad_query_default(pad, parent, query);
+    case GST_QUERY_CAPS: return latent::gst::answer_caps_query(query, decodable_caps(GST_VAE_DECODE(filter)));
+    case GST_QUERY_ACCEPT_CAPS: return latent::gst::accept_template_caps(latent::gst::sink_pad(filter), query);
+    default: return GST_LATENT_FILTER_CLASS(gst_vae_decode_parent_class)->sink_query(filter, query);
   }
-}
-
-gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
-  auto* self = GST_VAE_DECODE(parent);
-  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
-    return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(*self->impl));
-  return gst_pad_query_default(pad, parent, query);
 }
 
 GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
@@ -422,20 +343,16 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
       latent::DecoderOptions opt{int64_t(s.chunk_latents)};
-      opt.tile = latent::gst::tile_options(s.tile_size, s.tile_overlap);
-      opt.bands = latent::gst::band_options(s.band_height, s.max_memory);
+      opt.tile = s.memory.tiles();
+      opt.bands = s.memory.bands();
       const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
       s.decoder = latent::gst::make_decoder(element, s.models, opt, settings);
       if (!s.decoder) return GST_STATE_CHANGE_FAILURE;
       s.in.reset();
-      s.frames = s.latents = 0;
-      s.next_latent = s.done_latents = 0;
       s.warned_non_finite = false;
-      s.stats.reset();
-      s.compute.reset();
       s.hold_time = 0;
-      if (!reset_clip(self)) return GST_STATE_CHANGE_FAILURE;
+      if (!reset_clip(GST_LATENT_FILTER(self))) return GST_STATE_CHANGE_FAILURE;
       break;
     }
     case GST_STATE_CHANGE_PAUSED_TO_READY:
@@ -450,7 +367,6 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.pool.stop();
       s.decoder.reset();
       s.pending.clear();
-      s.held.clear();
       s.in.reset();
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
@@ -465,50 +381,31 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
 }
 
 void set_property(GObject* object, guint id, const GValue* value, GParamSpec* pspec) {
-  auto* self = GST_VAE_DECODE(object);
-  Impl& s = *self->impl;
+  Impl& s = *GST_VAE_DECODE(object)->impl;
   if (latent::gst::set_model_property(object, s.settings, id, value)) return;
-  GST_OBJECT_LOCK(self);
-  if (id == PROP_CHUNK_LATENTS) {
-    s.chunk_latents = g_value_get_uint(value);
-  } else if (id == PROP_TILE_SIZE) {
-    s.tile_size = g_value_get_uint(value);
-  } else if (id == PROP_TILE_OVERLAP) {
-    s.tile_overlap = g_value_get_double(value);
-  } else if (id == PROP_BAND_HEIGHT) {
-    s.band_height = g_value_get_uint(value);
-  } else if (id == PROP_MAX_MEMORY) {
-    s.max_memory = g_value_get_int(value);
-  } else {
+  if (latent::gst::set_memory_property(object, s.memory, id, value)) return;
+  if (id != PROP_CHUNK_LATENTS) {
     G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+    return;
   }
-  GST_OBJECT_UNLOCK(self);
+  GST_OBJECT_LOCK(object);
+  s.chunk_latents = g_value_get_uint(value);
+  GST_OBJECT_UNLOCK(object);
 }
 
 void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   auto* self = GST_VAE_DECODE(object);
   Impl& s = *self->impl;
   if (latent::gst::get_model_property(object, s.settings, id, value)) return;
-  switch (id) {
-    case PROP_CHUNK_LATENTS:
-    case PROP_TILE_SIZE:
-    case PROP_TILE_OVERLAP:
-    case PROP_BAND_HEIGHT:
-    case PROP_MAX_MEMORY: {
-      GST_OBJECT_LOCK(self);
-      if (id == PROP_CHUNK_LATENTS) g_value_set_uint(value, s.chunk_latents);
-      if (id == PROP_TILE_SIZE) g_value_set_uint(value, s.tile_size);
-      if (id == PROP_TILE_OVERLAP) g_value_set_double(value, s.tile_overlap);
-      if (id == PROP_BAND_HEIGHT) g_value_set_uint(value, s.band_height);
-      if (id == PROP_MAX_MEMORY) g_value_set_int(value, s.max_memory);
-      GST_OBJECT_UNLOCK(self);
-      break;
-    }
-    case PROP_FRAMES_OUT: g_value_set_uint64(value, s.frames.load()); break;
-    case PROP_LATENTS_IN: g_value_set_uint64(value, s.latents.load()); break;
-    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
-    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  if (latent::gst::get_memory_property(object, s.memory, id, value)) return;
+  if (latent::gst::get_counter_property(GST_LATENT_FILTER(self), id, value)) return;
+  if (id != PROP_CHUNK_LATENTS) {
+    G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+    return;
   }
+  GST_OBJECT_LOCK(self);
+  g_value_set_uint(value, s.chunk_latents);
+  GST_OBJECT_UNLOCK(self);
 }
 
 void finalize(GObject* object) {
@@ -521,10 +418,23 @@ void finalize(GObject* object) {
 static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   auto* gobject = G_OBJECT_CLASS(klass);
   auto* element = GST_ELEMENT_CLASS(klass);
+  auto* filter = GST_LATENT_FILTER_CLASS(klass);
   gobject->set_property = set_property;
   gobject->get_property = get_property;
   gobject->finalize = finalize;
   element->change_state = change_state;
+  filter->unit = "latent";
+  filter->work = "decoding";
+  filter->set_caps = set_latent_caps;
+  filter->negotiated = negotiated;
+  filter->pending = pending;
+  filter->handle_buffer = handle_buffer;
+  filter->finish = finish;
+  filter->reset = reset_clip;
+  filter->flush = flush;
+  filter->observe_event = observe_event;
+  filter->held_latency = held_latency;
+  filter->sink_query = sink_query;
 
   latent::gst::install_model_properties(gobject, "that encoded the latents, to decode");
   latent::gst::install_parallel_properties(
@@ -532,27 +442,16 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
       "gst-launch-1.0 latentfilesrc location=clip.safetensors ! vaedecode devices=cuda:0,cuda:1 ! videoconvert ! "
       "x264enc ! mp4mux ! filesink location=out.mp4");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
-  auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
       gobject, PROP_CHUNK_LATENTS,
       g_param_spec_uint("chunk-latents", "Chunk latents",
                         "Latents per model call where the model allows batching (Wan); CogVideoX always runs its "
                         "native 2-latent chunks. 1 keeps memory lowest; more can be faster on a GPU",
                         1, 256, 1, rw));
-  latent::gst::install_tile_properties(gobject, PROP_TILE_SIZE, PROP_TILE_OVERLAP, rw);
-  latent::gst::install_band_properties(gobject, PROP_BAND_HEIGHT, PROP_MAX_MEMORY, rw);
-  g_object_class_install_property(
-      gobject, PROP_LATENTS_IN,
-      g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64, 0,
-                          ro));
-  g_object_class_install_property(
-      gobject, PROP_FRAMES_OUT,
-      g_param_spec_uint64("frames-out", "Frames out", "Video frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
-                          ro));
-  g_object_class_install_property(
-      gobject, PROP_MEAN_CHUNK_LATENCY,
-      g_param_spec_uint64("mean-chunk-latency", "Mean chunk latency",
-                          "Mean compute time of one model call, in nanoseconds", 0, G_MAXUINT64, 0, ro));
+  latent::gst::install_memory_properties(gobject);
+  latent::gst::install_counter_properties(
+      gobject, {"latents-in", "Latents in", "Latent frames received since READY->PAUSED"},
+      {"frames-out", "Frames out", "Video frames pushed since READY->PAUSED"}, true);
 
   gst_element_class_set_static_metadata(
       element, "Video VAE decoder", "Filter/Converter/Video",
@@ -576,14 +475,5 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
 
 static void gst_vae_decode_init(GstVaeDecode* self) {
   self->impl = new Impl();
-  auto* klass = GST_ELEMENT_GET_CLASS(self);
-  self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
-  gst_pad_set_chain_function(self->sinkpad, chain);
-  gst_pad_set_event_function(self->sinkpad, sink_event);
-  gst_pad_set_query_function(self->sinkpad, sink_query);
-  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
-  self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
-  gst_pad_set_query_function(self->srcpad, src_query);
-  gst_pad_use_fixed_caps(self->srcpad);
-  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+  gst_pad_use_fixed_caps(latent::gst::src_pad(GST_LATENT_FILTER(self)));
 }

@@ -12,7 +12,6 @@
 #include "buffer_map.h"
 #include "elements.h"
 #include "frame_convert.h"
-#include "held_events.h"
 #include "latent/vae/streaming.h"
 #include "latent_caps.h"
 #include "model_glue.h"
@@ -29,13 +28,6 @@ enum {
   PROP_SAMPLE = latent::gst::PROP_FIRST_FREE,
   PROP_SEED,
   PROP_CHUNK_FRAMES,
-  PROP_FRAMES_IN,
-  PROP_LATENTS_OUT,
-  PROP_MEAN_CHUNK_LATENCY,
-  PROP_TILE_SIZE,
-  PROP_TILE_OVERLAP,
-  PROP_BAND_HEIGHT,
-  PROP_MAX_MEMORY,
 };
 
 struct FrameTime {
@@ -48,10 +40,7 @@ struct Impl {
   bool sample = false;
   guint64 seed = 0;
   guint chunk_frames = 8;
-  guint tile_size = 0;
-  double tile_overlap = 0;
-  guint band_height = 0;
-  gint max_memory = -1;  // MiB; -1 automatic (BandOptions::automatic)
+  latent::gst::MemorySettings memory;
 
   // READY and up.
   std::shared_ptr<const latent::Vae> model;                // the first rank's
@@ -62,15 +51,8 @@ struct Impl {
   bool have_video = false;
   std::deque<FrameTime> times;  // frames not yet covered by a pushed latent, from clip frame `times_first`
   int64_t times_first = 0;
-  uint64_t clip_base = 0;    // stream index of the current clip's frame 0
-  uint64_t next_source = 0;  // stream index of the next frame
-  uint64_t emitted_end = 0;  // stream index past the last frame a pushed latent covers
-  bool discont = true;
-  latent::gst::HeldEvents held;  // serialized events behind frames not yet encoded
+  uint64_t clip_base = 0;  // stream index of the current clip's frame 0 (the base counts frames in taken/done)
 
-  std::atomic<guint64> frames{0}, latents{0};
-  latent::gst::ChunkStats stats;
-  latent::gst::LatencyBound compute;
   // Frames held before a latent can go out, as time: set by the streaming thread, read by LATENCY queries.
   std::atomic<GstClockTime> hold_time{0};
   // The loaded model's size rule (16 for wan2.2), read by CAPS queries from any thread.
@@ -80,13 +62,11 @@ struct Impl {
 }  // namespace
 
 struct _GstVaeEncode {
-  GstElement parent;
-  GstPad* sinkpad;
-  GstPad* srcpad;
+  GstLatentFilter parent;
   Impl* impl;
 };
 
-G_DEFINE_TYPE_WITH_CODE(GstVaeEncode, gst_vae_encode, GST_TYPE_ELEMENT,
+G_DEFINE_TYPE_WITH_CODE(GstVaeEncode, gst_vae_encode, GST_TYPE_LATENT_FILTER,
                         GST_DEBUG_CATEGORY_INIT(vae_encode_debug, "vaeencode", 0, "video VAE encoder"));
 GST_ELEMENT_REGISTER_DEFINE(vaeencode, "vaeencode", GST_RANK_NONE, GST_TYPE_VAE_ENCODE);
 
@@ -104,9 +84,8 @@ GstClockTime frame_duration(const Impl& s) {
   return gst_util_uint64_scale_int(GST_SECOND, GST_VIDEO_INFO_FPS_D(&s.video), GST_VIDEO_INFO_FPS_N(&s.video));
 }
 
-// Frames held back before a latent can be emitted, plus a bound on the time to compute one chunk. Read from any
-// thread.
-GstClockTime our_latency(const Impl& s) { return s.hold_time.load() + s.compute.announced(); }
+// Frames held back before a latent can be emitted. Read from any thread.
+GstClockTime held_latency(GstLatentFilter* filter) { return GST_VAE_ENCODE(filter)->impl->hold_time.load(); }
 
 // The streaming thread's part: what the caps and the encoder make the hold time.
 void update_hold_time(Impl& s) {
@@ -114,11 +93,9 @@ void update_hold_time(Impl& s) {
   s.hold_time = s.encoder && GST_CLOCK_TIME_IS_VALID(frame) ? GstClockTime(s.encoder->max_delay_frames()) * frame : 0;
 }
 
-// Whether frames are held that no pushed latent covers yet (serialized events then wait behind them).
-bool holding(const Impl& s) { return s.next_source > s.emitted_end || !s.held.empty(); }
-
 GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out) {
   Impl& s = *self->impl;
+  auto* filter = GST_LATENT_FILTER(self);
   if (out.size() == 0) return GST_FLOW_OK;
   torch::Tensor cpu = out.latents.to(torch::kCPU).contiguous();
   for (int64_t i = 0; i < out.size(); ++i) {
@@ -140,101 +117,72 @@ GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out
         stamp.pts = last.pts + last.duration;
       stamp.duration = 0;
     }
-    // Events that came in before a frame this latent covers go out ahead of it.
-    s.held.release_before(self->srcpad, std::max(stamp.end_frame, stamp.first_frame + 1));
     GstBuffer* buf = latent::gst::buffer_wrapping_tensor(cpu[i].contiguous());
     latent::gst::apply_stamp(buf, stamp);
-    if (s.discont) {
-      GST_BUFFER_FLAG_SET(buf, GST_BUFFER_FLAG_DISCONT);
-      s.discont = false;
-    }
     // Frames covered by this latent are no longer needed for timing.
     while (!s.times.empty() && s.times_first < first + real && int64_t(s.times.size()) > 1) {
       s.times.pop_front();
       ++s.times_first;
     }
-    s.latents++;
-    s.emitted_end = std::max(s.emitted_end, stamp.end_frame);
-    GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
+    uint64_t& done = latent::gst::filter_stream(filter).done;
+    done = std::max(done, stamp.end_frame);
+    // Events that came in before a frame this latent covers go out ahead of it.
+    GstFlowReturn ret = latent::gst::push_output(filter, buf, std::max(stamp.end_frame, stamp.first_frame + 1));
     if (ret != GST_FLOW_OK) return ret;
   }
   return GST_FLOW_OK;
 }
 
-// Encodes what is pending (padding the tail), then lets the events held behind it go.
-GstFlowReturn drain(GstVaeEncode* self) {
-  Impl& s = *self->impl;
-  GstFlowReturn ret = GST_FLOW_OK;
-  if (s.encoder && s.encoder->frames_in() > 0) {
-    if (!latent::gst::guarded(GST_ELEMENT(self), "encoding the end of the clip",
-                              [&] { ret = push_latents(self, s.encoder->finish()); }))
-      ret = GST_FLOW_ERROR;
-  }
-  s.emitted_end = s.next_source;
-  s.held.release_all(self->srcpad);
-  s.times.clear();
-  s.times_first = 0;
-  s.clip_base = s.next_source;
-  return ret;
+gboolean negotiated(GstLatentFilter* filter) {
+  const Impl& s = *GST_VAE_ENCODE(filter)->impl;
+  return s.have_video && s.encoder;
+}
+
+gboolean pending(GstLatentFilter* filter) {
+  const Impl& s = *GST_VAE_ENCODE(filter)->impl;
+  return s.encoder && s.encoder->frames_in() > 0;
+}
+
+// Encodes what is pending, padding the tail.
+GstFlowReturn finish(GstLatentFilter* filter) {
+  auto* self = GST_VAE_ENCODE(filter);
+  return push_latents(self, self->impl->encoder->finish());
 }
 
 // Starts a new clip. Resetting a patch-parallel group re-forms it, which can fail: false after an ERROR message.
-bool reset_clip(GstVaeEncode* self) {
-  Impl& s = *self->impl;
+gboolean reset_clip(GstLatentFilter* filter) {
+  Impl& s = *GST_VAE_ENCODE(filter)->impl;
   s.times.clear();
   s.times_first = 0;
-  s.clip_base = s.next_source;
-  s.emitted_end = s.next_source;
-  s.discont = true;
-  return !s.encoder || latent::gst::guarded(GST_ELEMENT(self), "starting a new clip", [&] { s.encoder->reset(); });
+  s.clip_base = latent::gst::filter_stream(filter).taken;
+  return !s.encoder || latent::gst::guarded(GST_ELEMENT(filter), "starting a new clip", [&] { s.encoder->reset(); });
 }
 
-GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
-  auto* self = GST_VAE_ENCODE(parent);
+GstFlowReturn handle_buffer(GstLatentFilter* filter, GstBuffer* buffer) {
+  auto* self = GST_VAE_ENCODE(filter);
   Impl& s = *self->impl;
   latent::gst::BufferPtr buf(buffer);
-  if (!s.have_video || !s.encoder) {
-    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first frame."), (nullptr));
-    return GST_FLOW_NOT_NEGOTIATED;
-  }
-  GstFlowReturn ret = GST_FLOW_OK;
-  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.encoder->frames_in() > 0) {
-    // A gap in the input ends the clip: what was pending is encoded, the caches start afresh.
-    ret = drain(self);
-    if (ret != GST_FLOW_OK) return ret;
-    s.discont = true;
-  }
   latent::gst::VideoFrameMap frame(&s.video, buf.get(), GST_MAP_READ);
   if (!frame) {
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("A buffer does not hold a whole frame of the negotiated caps."),
                       ("buffer %" GST_PTR_FORMAT, buf.get()));
     return GST_FLOW_ERROR;
   }
-  try {
-    torch::Tensor x = latent::gst::frame_to_tensor(frame.get(), s.model->device()).unsqueeze(0);
-    // The pixels are copied: upstream gets its buffer back before the model runs.
-    frame.release();
-    s.times.push_back({GST_BUFFER_PTS(buf.get()), GST_BUFFER_DURATION(buf.get())});
-    if (!GST_CLOCK_TIME_IS_VALID(s.times.back().duration)) s.times.back().duration = frame_duration(s);
-    buf.reset();
-    s.next_source++;
-    s.frames++;
-    auto t0 = std::chrono::steady_clock::now();
-    latent::EncodedLatents out = s.encoder->push(x);
-    if (out.size() > 0)
-      latent::gst::record_compute_time(GST_ELEMENT(self), s.stats, s.compute, std::chrono::steady_clock::now() - t0);
-    ret = push_latents(self, out);
-  } catch (const std::exception& e) {
-    latent::gst::post_exception(GST_ELEMENT(self), "encoding", e);
-    ret = GST_FLOW_ERROR;
-  } catch (...) {
-    latent::gst::post_exception(GST_ELEMENT(self), "encoding", std::runtime_error("an exception of unknown type"));
-    ret = GST_FLOW_ERROR;
-  }
-  return ret;
+  torch::Tensor x = latent::gst::frame_to_tensor(frame.get(), s.model->device()).unsqueeze(0);
+  // The pixels are copied: upstream gets its buffer back before the model runs.
+  frame.release();
+  s.times.push_back({GST_BUFFER_PTS(buf.get()), GST_BUFFER_DURATION(buf.get())});
+  if (!GST_CLOCK_TIME_IS_VALID(s.times.back().duration)) s.times.back().duration = frame_duration(s);
+  buf.reset();
+  latent::gst::filter_stream(filter).taken++;
+  const auto t0 = std::chrono::steady_clock::now();
+  latent::EncodedLatents out = s.encoder->push(x);
+  if (out.size() > 0) latent::gst::record_compute(filter, std::chrono::steady_clock::now() - t0);
+  return push_latents(self, out);
 }
 
-bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
+gboolean set_video_caps(GstLatentFilter* filter, GstCaps* caps) {
+  auto* self = GST_VAE_ENCODE(filter);
   Impl& s = *self->impl;
   GstVideoInfo info;
   if (!gst_video_info_from_caps(&info, caps)) {
@@ -257,8 +205,7 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
   if (!latent::gst::check_rows_for_ranks(GST_ELEMENT(self), *s.model, GST_VIDEO_INFO_HEIGHT(&info), s.models.size()))
     return false;
   // New caps mid-stream: what was encoded under the old caps is finished first.
-  if (s.have_video && drain(self) != GST_FLOW_OK) return false;
-  if (!reset_clip(self)) return false;
+  if (s.have_video ? latent::gst::drain(filter) != GST_FLOW_OK : !reset_clip(filter)) return false;
   s.video = info;
   s.have_video = true;
   update_hold_time(s);
@@ -278,55 +225,13 @@ bool set_video_caps(GstVaeEncode* self, GstCaps* caps) {
   out.framerate = {GST_VIDEO_INFO_FPS_N(&info), GST_VIDEO_INFO_FPS_D(&info) * int(spec.temporal_factor)};
   if (out.framerate.num == 0) out.framerate = {0, 1};
   GstCaps* latent_caps = out.to_caps();
-  bool ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(latent_caps));
+  bool ok = gst_pad_push_event(latent::gst::src_pad(filter), gst_event_new_caps(latent_caps));
   gst_caps_unref(latent_caps);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
   return ok;
 }
 
-gboolean handle_sink_event(GstVaeEncode* self, GstPad* pad, GstEvent* event) {
-  Impl& s = *self->impl;
-  switch (GST_EVENT_TYPE(event)) {
-    case GST_EVENT_CAPS: {
-      GstCaps* caps;
-      gst_event_parse_caps(event, &caps);
-      bool ok = set_video_caps(self, caps);
-      gst_event_unref(event);
-      return ok;
-    }
-    // The end of a stream or segment, or the start of another, ends the clip: the held frames are encoded and
-    // pushed under the segment they belong to, and the next stream's frames start with fresh caches. Errors are
-    // posted; the event still goes on, so an EOS ends the pipeline.
-    case GST_EVENT_EOS:
-    case GST_EVENT_SEGMENT_DONE:
-    case GST_EVENT_STREAM_START:
-    case GST_EVENT_SEGMENT:
-      drain(self);
-      reset_clip(self);
-      break;
-    case GST_EVENT_FLUSH_STOP:
-      s.held.flush();
-      s.next_source = 0;
-      reset_clip(self);
-      break;
-    default:
-      if (latent::gst::waits_behind_data(event) && holding(s)) {
-        GST_DEBUG_OBJECT(self, "holding %" GST_PTR_FORMAT " behind %" G_GUINT64_FORMAT " frames", event,
-                         s.next_source - s.emitted_end);
-        s.held.hold(event, s.next_source);
-        return TRUE;
-      }
-      break;
-  }
-  return gst_pad_event_default(pad, GST_OBJECT(self), event);
-}
-
-gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
-  auto* self = GST_VAE_ENCODE(parent);
-  return latent::gst::guarded_event(GST_ELEMENT(self), [&] { return handle_sink_event(self, pad, event); });
-}
-
-gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
+gboolean sink_query(GstLatentFilter* filter, GstQuery* query) {
   if (GST_QUERY_TYPE(query) == GST_QUERY_ALLOCATION) {
     // Frames are read through GstVideoFrame, which follows a GstVideoMeta's strides and plane offsets: upstream
     // can hand over padded buffers as they are instead of copying them into the default layout.
@@ -337,13 +242,13 @@ gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
     // The sizes the loaded model encodes, so that a scaler upstream picks one. Where upstream can offer none of
     // them the template's are answered instead, and set_caps says which sizes the model takes rather than
     // negotiation failing without a reason.
-    GstCaps* filter = nullptr;
-    gst_query_parse_caps(query, &filter);
-    const int step = GST_VAE_ENCODE(parent)->impl->size_multiple.load();
+    GstCaps* wanted = nullptr;
+    gst_query_parse_caps(query, &wanted);
+    const int step = GST_VAE_ENCODE(filter)->impl->size_multiple.load();
     GstCaps* caps = nullptr;
     for (int s : {step, 8}) {
       GstCaps* all = gst_caps_from_string(sink_caps_string(s).c_str());
-      caps = filter ? gst_caps_intersect_full(filter, all, GST_CAPS_INTERSECT_FIRST) : gst_caps_ref(all);
+      caps = wanted ? gst_caps_intersect_full(wanted, all, GST_CAPS_INTERSECT_FIRST) : gst_caps_ref(all);
       gst_caps_unref(all);
       if (!gst_caps_is_empty(caps) || s == 8) break;
       gst_caps_unref(caps);
@@ -352,14 +257,7 @@ gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
     gst_caps_unref(caps);
     return TRUE;
   }
-  return gst_pad_query_default(pad, parent, query);
-}
-
-gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
-  auto* self = GST_VAE_ENCODE(parent);
-  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
-    return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(*self->impl));
-  return gst_pad_query_default(pad, parent, query);
+  return GST_LATENT_FILTER_CLASS(gst_vae_encode_parent_class)->sink_query(filter, query);
 }
 
 GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
@@ -376,19 +274,16 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       GST_OBJECT_LOCK(self);
       latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
       opt.decodable_tail = true;  // frames in == frames out through vaedecode, TAEHV too
-      opt.tile = latent::gst::tile_options(s.tile_size, s.tile_overlap);
-      opt.bands = latent::gst::band_options(s.band_height, s.max_memory);
+      opt.tile = s.memory.tiles();
+      opt.bands = s.memory.bands();
       const latent::gst::ModelSettings settings = s.settings;
       GST_OBJECT_UNLOCK(self);
       s.encoder = latent::gst::make_encoder(element, s.models, opt, settings);
       if (!s.encoder) return GST_STATE_CHANGE_FAILURE;
       s.have_video = false;
-      s.next_source = s.clip_base = 0;
-      s.frames = s.latents = 0;
-      s.stats.reset();
-      s.compute.reset();
+      s.clip_base = 0;
       s.hold_time = 0;
-      if (!reset_clip(self)) return GST_STATE_CHANGE_FAILURE;
+      if (!reset_clip(GST_LATENT_FILTER(self))) return GST_STATE_CHANGE_FAILURE;
       break;
     }
     default: break;
@@ -398,7 +293,6 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_PAUSED_TO_READY:
       s.encoder.reset();
       s.times.clear();
-      s.held.clear();
       s.have_video = false;
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
@@ -415,15 +309,12 @@ void set_property(GObject* object, guint id, const GValue* value, GParamSpec* ps
   auto* self = GST_VAE_ENCODE(object);
   Impl& s = *self->impl;
   if (latent::gst::set_model_property(object, s.settings, id, value)) return;
+  if (latent::gst::set_memory_property(object, s.memory, id, value)) return;
   GST_OBJECT_LOCK(self);
   switch (id) {
     case PROP_SAMPLE: s.sample = g_value_get_boolean(value); break;
     case PROP_SEED: s.seed = g_value_get_uint64(value); break;
     case PROP_CHUNK_FRAMES: s.chunk_frames = g_value_get_uint(value); break;
-    case PROP_TILE_SIZE: s.tile_size = g_value_get_uint(value); break;
-    case PROP_TILE_OVERLAP: s.tile_overlap = g_value_get_double(value); break;
-    case PROP_BAND_HEIGHT: s.band_height = g_value_get_uint(value); break;
-    case PROP_MAX_MEMORY: s.max_memory = g_value_get_int(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -433,18 +324,13 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   auto* self = GST_VAE_ENCODE(object);
   Impl& s = *self->impl;
   if (latent::gst::get_model_property(object, s.settings, id, value)) return;
+  if (latent::gst::get_memory_property(object, s.memory, id, value)) return;
+  if (latent::gst::get_counter_property(GST_LATENT_FILTER(self), id, value)) return;
   GST_OBJECT_LOCK(self);
   switch (id) {
     case PROP_SAMPLE: g_value_set_boolean(value, s.sample); break;
     case PROP_SEED: g_value_set_uint64(value, s.seed); break;
     case PROP_CHUNK_FRAMES: g_value_set_uint(value, s.chunk_frames); break;
-    case PROP_TILE_SIZE: g_value_set_uint(value, s.tile_size); break;
-    case PROP_TILE_OVERLAP: g_value_set_double(value, s.tile_overlap); break;
-    case PROP_BAND_HEIGHT: g_value_set_uint(value, s.band_height); break;
-    case PROP_MAX_MEMORY: g_value_set_int(value, s.max_memory); break;
-    case PROP_FRAMES_IN: g_value_set_uint64(value, s.frames.load()); break;
-    case PROP_LATENTS_OUT: g_value_set_uint64(value, s.latents.load()); break;
-    case PROP_MEAN_CHUNK_LATENCY: g_value_set_uint64(value, s.stats.mean()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -460,10 +346,21 @@ void finalize(GObject* object) {
 static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   auto* gobject = G_OBJECT_CLASS(klass);
   auto* element = GST_ELEMENT_CLASS(klass);
+  auto* filter = GST_LATENT_FILTER_CLASS(klass);
   gobject->set_property = set_property;
   gobject->get_property = get_property;
   gobject->finalize = finalize;
   element->change_state = change_state;
+  filter->unit = "frame";
+  filter->work = "encoding";
+  filter->set_caps = set_video_caps;
+  filter->negotiated = negotiated;
+  filter->pending = pending;
+  filter->handle_buffer = handle_buffer;
+  filter->finish = finish;
+  filter->reset = reset_clip;
+  filter->held_latency = held_latency;
+  filter->sink_query = sink_query;
 
   latent::gst::install_model_properties(gobject, "to encode");
   latent::gst::install_parallel_properties(
@@ -471,7 +368,6 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
       "gst-launch-1.0 filesrc location=in.mp4 ! decodebin ! videoconvert ! vaeencode devices=cuda:0,cuda:1 ! "
       "latentfilesink location=clip.safetensors");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
-  auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
       gobject, PROP_SAMPLE,
       g_param_spec_boolean("sample", "Sample",
@@ -487,20 +383,10 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
                         "Frames per model call where the model allows batching (Wan); more is faster and uses more "
                         "memory. CogVideoX always runs its native 8-frame chunks",
                         1, 1024, 8, rw));
-  latent::gst::install_tile_properties(gobject, PROP_TILE_SIZE, PROP_TILE_OVERLAP, rw);
-  latent::gst::install_band_properties(gobject, PROP_BAND_HEIGHT, PROP_MAX_MEMORY, rw);
-  g_object_class_install_property(
-      gobject, PROP_FRAMES_IN,
-      g_param_spec_uint64("frames-in", "Frames in", "Video frames received since READY->PAUSED", 0, G_MAXUINT64, 0,
-                          ro));
-  g_object_class_install_property(
-      gobject, PROP_LATENTS_OUT,
-      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
-                          ro));
-  g_object_class_install_property(
-      gobject, PROP_MEAN_CHUNK_LATENCY,
-      g_param_spec_uint64("mean-chunk-latency", "Mean chunk latency",
-                          "Mean compute time of one model call, in nanoseconds", 0, G_MAXUINT64, 0, ro));
+  latent::gst::install_memory_properties(gobject);
+  latent::gst::install_counter_properties(
+      gobject, {"frames-in", "Frames in", "Video frames received since READY->PAUSED"},
+      {"latents-out", "Latents out", "Latent frames pushed since READY->PAUSED"}, true);
 
   gst_element_class_set_static_metadata(
       element, "Video VAE encoder", "Filter/Converter/Video",
@@ -520,14 +406,5 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
 
 static void gst_vae_encode_init(GstVaeEncode* self) {
   self->impl = new Impl();
-  auto* klass = GST_ELEMENT_GET_CLASS(self);
-  self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
-  gst_pad_set_chain_function(self->sinkpad, chain);
-  gst_pad_set_event_function(self->sinkpad, sink_event);
-  gst_pad_set_query_function(self->sinkpad, sink_query);
-  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
-  self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
-  gst_pad_set_query_function(self->srcpad, src_query);
-  gst_pad_use_fixed_caps(self->srcpad);
-  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+  gst_pad_use_fixed_caps(latent::gst::src_pad(GST_LATENT_FILTER(self)));
 }

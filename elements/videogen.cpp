@@ -772,7 +772,6 @@ void install_properties(GObjectClass* gobject) {
           latent::kDefaultGeneratorFile + " (small, unconditional, trained for demos and tests)");
   auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
-  auto playing = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING);
   g_object_class_install_property(
       gobject, PROP_SCHEDULE,
       g_param_spec_enum("schedule", "Schedule",

@@ -11,7 +11,6 @@
 #include "buffer_map.h"
 #include "elements.h"
 #include "generation_plan.h"
-#include "held_events.h"
 #include "latent/gen/denoiser.h"
 #include "latent/gen/prompts.h"
 #include "latent/gen/restyler.h"
@@ -43,8 +42,6 @@ enum {
   PROP_SEED,
   PROP_RAW_INPUT,
   PROP_QOS,
-  PROP_LATENTS_IN,
-  PROP_LATENTS_OUT,
   PROP_DROPPED,
   PROP_TEXT_DEVICE,
 };
@@ -74,8 +71,7 @@ struct Impl {
   torch::Tensor raw_mean, raw_std;      // [C, 1, 1] where raw-input converts, else undefined
   std::deque<LatentFrameStamp> stamps;  // of the frames in flight, from restyler index stamps_base
   int64_t stamps_base = 0;
-  latent::gst::HeldEvents held;
-  bool discont = true;
+  uint64_t clip_base = 0;          // the base's input count when the restyler's frame 0 came
   bool warned_non_finite = false;  // an output latent with NaN or infinite values was reported this stream
   GstSegment segment{};
 
@@ -87,21 +83,17 @@ struct Impl {
   std::mutex qos_lock;
   GstClockTime earliest = GST_CLOCK_TIME_NONE;  // downstream's QoS: output running times before it are late
 
-  std::atomic<guint64> latents_in{0}, latents_out{0}, dropped{0};
-  latent::gst::ChunkStats stats;
-  latent::gst::LatencyBound compute;
+  std::atomic<guint64> dropped{0};
 };
 
 }  // namespace
 
 struct _GstVideoRestyle {
-  GstElement parent;
-  GstPad* sinkpad;
-  GstPad* srcpad;
+  GstLatentFilter parent;
   Impl* impl;
 };
 
-G_DEFINE_TYPE_WITH_CODE(GstVideoRestyle, gst_video_restyle, GST_TYPE_ELEMENT,
+G_DEFINE_TYPE_WITH_CODE(GstVideoRestyle, gst_video_restyle, GST_TYPE_LATENT_FILTER,
                         GST_DEBUG_CATEGORY_INIT(video_restyle_debug, "videorestyle", 0,
                                                 "streaming video-to-video with a causal model"));
 GST_ELEMENT_REGISTER_DEFINE(videorestyle, "videorestyle", GST_RANK_NONE, GST_TYPE_VIDEO_RESTYLE);
@@ -150,7 +142,8 @@ bool make_text(GstVideoRestyle* self) {
 }
 
 // One latent frame takes a call; the first waits for the second, every later one leaves steps - 1 frames later.
-GstClockTime our_latency(GstVideoRestyle* self) {
+GstClockTime held_latency(GstLatentFilter* filter) {
+  auto* self = GST_VIDEO_RESTYLE(filter);
   Impl& s = *self->impl;
   GST_OBJECT_LOCK(self);
   int64_t steps = 2;
@@ -161,8 +154,7 @@ GstClockTime our_latency(GstVideoRestyle* self) {
   const std::optional<LatentCapsInfo> in = s.in;
   GST_OBJECT_UNLOCK(self);
   const GstClockTime frame = in ? in->frame_duration() : GST_CLOCK_TIME_NONE;
-  const GstClockTime held = GST_CLOCK_TIME_IS_VALID(frame) ? GstClockTime(std::max<int64_t>(1, steps - 1)) * frame : 0;
-  return held + s.compute.announced();
+  return GST_CLOCK_TIME_IS_VALID(frame) ? GstClockTime(std::max<int64_t>(1, steps - 1)) * frame : 0;
 }
 
 GstFlowReturn push_frames(GstVideoRestyle* self, std::vector<latent::RestyledFrame> frames) {
@@ -174,41 +166,44 @@ GstFlowReturn push_frames(GstVideoRestyle* self, std::vector<latent::RestyledFra
       ++s.stamps_base;
     }
     if (!s.stamps.empty() && s.stamps_base == f.index) stamp = s.stamps.front();
-    s.held.release_before(self->srcpad, uint64_t(f.index) + 1);
     const torch::Tensor frame =
         f.latent.reshape({s.in->channels, s.in->height, s.in->width}).to(torch::kCPU, s.in->scalar_type()).contiguous();
     latent::gst::warn_once_if_non_finite(GST_ELEMENT(self), s.warned_non_finite, frame, uint64_t(f.index), stamp.pts,
                                          "restyled values that decode to no picture (the input or the model)");
     GstBuffer* buf = latent::gst::buffer_wrapping_tensor(frame);
     latent::gst::apply_stamp(buf, stamp);
-    if (s.discont) {
-      GST_BUFFER_FLAG_SET(buf, GST_BUFFER_FLAG_DISCONT);
-      s.discont = false;
-    }
-    s.latents_out++;
-    const GstFlowReturn ret = gst_pad_push(self->srcpad, buf);
+    const uint64_t covers_end = s.clip_base + uint64_t(f.index) + 1;
+    latent::gst::filter_stream(GST_LATENT_FILTER(self)).done = covers_end;
+    const GstFlowReturn ret = latent::gst::push_output(GST_LATENT_FILTER(self), buf, covers_end);
     if (ret != GST_FLOW_OK) return ret;
   }
   return GST_FLOW_OK;
 }
 
-// Sends what is in flight (the stream ended here) and starts a new stream.
-GstFlowReturn drain(GstVideoRestyle* self) {
-  Impl& s = *self->impl;
-  GstFlowReturn ret = GST_FLOW_OK;
-  if (s.restyler && s.restyler->frames_in() > 0) {
-    std::vector<latent::RestyledFrame> rest;
-    if (latent::gst::guarded(GST_ELEMENT(self), "restyling the end of the stream",
-                             [&] { rest = s.restyler->finish(); }))
-      ret = push_frames(self, std::move(rest));
-    else
-      ret = GST_FLOW_ERROR;
-  }
+gboolean negotiated(GstLatentFilter* filter) {
+  const Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
+  return s.in && s.restyler;
+}
+
+gboolean pending(GstLatentFilter* filter) {
+  const Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
+  return s.restyler && s.restyler->frames_in() > 0;
+}
+
+// Sends what is in flight: the stream ended here.
+GstFlowReturn finish(GstLatentFilter* filter) {
+  auto* self = GST_VIDEO_RESTYLE(filter);
+  return push_frames(self, self->impl->restyler->finish());
+}
+
+// Starts a new stream of the restyler (its frame numbers start again at 0).
+gboolean reset_stream(GstLatentFilter* filter) {
+  Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
   if (s.restyler) s.restyler->reset();
-  s.held.release_all(self->srcpad);
   s.stamps.clear();
   s.stamps_base = 0;
-  return ret;
+  s.clip_base = latent::gst::filter_stream(filter).taken;
+  return TRUE;
 }
 
 // Whether downstream's QoS says the output of a frame with this stamp would come too late to be shown.
@@ -226,7 +221,8 @@ void post_dropped(GstVideoRestyle* self, const LatentFrameStamp& stamp) {
   const guint64 rt = gst_segment_to_running_time(&s.segment, GST_FORMAT_TIME, stamp.pts);
   const guint64 st = gst_segment_to_stream_time(&s.segment, GST_FORMAT_TIME, stamp.pts);
   GstMessage* m = gst_message_new_qos(GST_OBJECT(self), FALSE, rt, st, stamp.pts, stamp.duration);
-  gst_message_set_qos_stats(m, GST_FORMAT_BUFFERS, s.latents_in.load(), s.dropped.load());
+  gst_message_set_qos_stats(m, GST_FORMAT_BUFFERS, latent::gst::filter_stream(GST_LATENT_FILTER(self)).in.load(),
+                            s.dropped.load());
   gst_element_post_message(GST_ELEMENT(self), m);
 }
 
@@ -243,24 +239,15 @@ void take_switched_prompt(GstVideoRestyle* self) {
   }
   s.restyler->set_text(text);
   GST_INFO_OBJECT(self, "prompt switched to '%s' from frame %" G_GINT64_FORMAT, label.c_str(), s.restyler->frames_in());
-  s.held.hold(latent::gst::PromptControl::tag_event(label), uint64_t(s.restyler->frames_in()));
+  latent::gst::FilterStream& stream = latent::gst::filter_stream(GST_LATENT_FILTER(self));
+  stream.held.hold(latent::gst::PromptControl::tag_event(label), stream.taken);
 }
 
-GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
-  auto* self = GST_VIDEO_RESTYLE(parent);
+GstFlowReturn handle_buffer(GstLatentFilter* filter, GstBuffer* buffer) {
+  auto* self = GST_VIDEO_RESTYLE(filter);
   Impl& s = *self->impl;
   latent::gst::BufferPtr buf(buffer);
-  if (!s.in || !s.restyler) {
-    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first latent."), (nullptr));
-    return GST_FLOW_NOT_NEGOTIATED;
-  }
-  GstFlowReturn ret = GST_FLOW_OK;
-  if (GST_BUFFER_IS_DISCONT(buf.get()) && s.restyler->frames_in() > 0) {
-    ret = drain(self);
-    if (ret != GST_FLOW_OK) return ret;
-  }
   const LatentFrameStamp stamp = latent::gst::read_stamp(buf.get());
-  s.latents_in++;
   // The first two frames make the stream's start: never dropped. Later a frame whose output would be late is not
   // made at all, so a slow model skips frames instead of building a backlog.
   if (s.restyler->frames_in() >= 2 && late(s, stamp)) {
@@ -274,29 +261,29 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
     GST_ELEMENT_ERROR(self, STREAM, DECODE, ("Cannot read a latent buffer."), ("buffer %" GST_PTR_FORMAT, buf.get()));
     return GST_FLOW_ERROR;
   }
-  try {
-    take_switched_prompt(self);
-    torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).to(torch::kFloat);
-    if (s.raw_mean.defined())
-      z = z * s.raw_std + s.raw_mean;  // a copy, so the buffer can go back upstream
-    else
-      z = z.clone();
-    map.release();
-    buf.reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<latent::RestyledFrame> done = s.restyler->push(z.unsqueeze(1).unsqueeze(0));
-    s.stamps.push_back(stamp);
-    if (!done.empty())
-      latent::gst::record_compute_time(GST_ELEMENT(self), s.stats, s.compute, std::chrono::steady_clock::now() - t0);
-    ret = push_frames(self, std::move(done));
-  } catch (const std::exception& e) {
-    latent::gst::post_exception(GST_ELEMENT(self), "restyling", e);
-    ret = GST_FLOW_ERROR;
-  }
-  return ret;
+  take_switched_prompt(self);
+  torch::Tensor z = latent::gst::frame_tensor_view(*s.in, map.info()).to(torch::kFloat);
+  if (s.raw_mean.defined())
+    z = z * s.raw_std + s.raw_mean;  // a copy, so the buffer can go back upstream
+  else
+    z = z.clone();
+  map.release();
+  buf.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<latent::RestyledFrame> done = s.restyler->push(z.unsqueeze(1).unsqueeze(0));
+  latent::gst::filter_stream(filter).taken++;
+  s.stamps.push_back(stamp);
+  if (!done.empty()) latent::gst::record_compute(filter, std::chrono::steady_clock::now() - t0);
+  return push_frames(self, std::move(done));
 }
 
-bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
+// The latents keep their caps: they go on as they came.
+gboolean forward_caps(GstLatentFilter* filter, GstCaps* caps) {
+  return gst_pad_push_event(latent::gst::src_pad(filter), gst_event_new_caps(caps));
+}
+
+gboolean set_latent_caps(GstLatentFilter* filter, GstCaps* caps) {
+  auto* self = GST_VIDEO_RESTYLE(filter);
   Impl& s = *self->impl;
   std::string why;
   auto info = LatentCapsInfo::from_caps(caps, &why);
@@ -304,7 +291,7 @@ bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Invalid latent caps: %s", why.c_str()), ("%" GST_PTR_FORMAT, caps));
     return false;
   }
-  if (s.in && *s.in == *info) return true;
+  if (s.in && *s.in == *info) return forward_caps(filter, caps);
   const latent::DenoiserSpec& spec = s.denoiser->spec();
   if (info->model != spec.latent_space || info->channels != spec.channels) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION,
@@ -314,7 +301,7 @@ bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
                       ("encode the video with the VAE of the model's folder"));
     return false;
   }
-  if (s.in && drain(self) != GST_FLOW_OK) return false;
+  if (s.in && latent::gst::drain(filter) != GST_FLOW_OK) return false;
   GST_OBJECT_LOCK(self);
   const Settings settings = s.settings;
   GST_OBJECT_UNLOCK(self);
@@ -342,58 +329,24 @@ bool set_latent_caps(GstVideoRestyle* self, GstCaps* caps) {
   GST_OBJECT_LOCK(self);
   s.in = info;
   GST_OBJECT_UNLOCK(self);
-  s.stamps.clear();
-  s.stamps_base = 0;
-  s.discont = true;
+  reset_stream(filter);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
-  return true;
+  return forward_caps(filter, caps);
 }
 
-gboolean handle_sink_event(GstVideoRestyle* self, GstPad* pad, GstEvent* event) {
-  Impl& s = *self->impl;
-  switch (GST_EVENT_TYPE(event)) {
-    case GST_EVENT_CAPS: {
-      GstCaps* caps;
-      gst_event_parse_caps(event, &caps);
-      if (!set_latent_caps(self, caps)) {
-        gst_event_unref(event);
-        return FALSE;
-      }
-      break;  // the frames keep their caps
-    }
-    case GST_EVENT_SEGMENT: {
-      drain(self);
-      const GstSegment* segment;
-      gst_event_parse_segment(event, &segment);
-      gst_segment_copy_into(segment, &s.segment);
-      break;
-    }
-    case GST_EVENT_EOS:
-    case GST_EVENT_SEGMENT_DONE:
-    case GST_EVENT_STREAM_START: drain(self); break;
-    case GST_EVENT_FLUSH_STOP: {
-      s.held.flush();
-      if (s.restyler) s.restyler->reset();
-      s.stamps.clear();
-      s.stamps_base = 0;
-      s.discont = true;
-      std::lock_guard<std::mutex> lock(s.qos_lock);
-      s.earliest = GST_CLOCK_TIME_NONE;
-      break;
-    }
-    default:
-      if (latent::gst::waits_behind_data(event) && s.restyler && s.restyler->frames_in() > s.stamps_base) {
-        s.held.hold(event, uint64_t(s.restyler->frames_in()));
-        return TRUE;
-      }
-      break;
-  }
-  return gst_pad_event_default(pad, GST_OBJECT(self), event);
+// The segment maps stamps to running time for the QoS decision (after the base drained the last one's frames).
+void observe_event(GstLatentFilter* filter, GstEvent* event) {
+  Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
+  if (GST_EVENT_TYPE(event) != GST_EVENT_SEGMENT) return;
+  const GstSegment* segment;
+  gst_event_parse_segment(event, &segment);
+  gst_segment_copy_into(segment, &s.segment);
 }
 
-gboolean sink_event(GstPad* pad, GstObject* parent, GstEvent* event) {
-  auto* self = GST_VIDEO_RESTYLE(parent);
-  return latent::gst::guarded_event(GST_ELEMENT(self), [&] { return handle_sink_event(self, pad, event); });
+void flush(GstLatentFilter* filter) {
+  Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
+  std::lock_guard<std::mutex> lock(s.qos_lock);
+  s.earliest = GST_CLOCK_TIME_NONE;
 }
 
 // Downstream's QoS: the running time before which outputs are late (GstBaseTransform's reading of it).
@@ -424,7 +377,8 @@ GstCaps* restylable_caps(GstVideoRestyle* self, GstPad* pad) {
     ours = gst_caps_from_string(latent::gst::latent_template_caps_string(d->spec().latent_space).c_str());
     gst_caps_set_simple(ours, "channels", G_TYPE_INT, int(d->spec().channels), nullptr);
   }
-  GstPad* other = pad == self->sinkpad ? self->srcpad : self->sinkpad;
+  auto* filter = GST_LATENT_FILTER(self);
+  GstPad* other = pad == latent::gst::sink_pad(filter) ? latent::gst::src_pad(filter) : latent::gst::sink_pad(filter);
   GstCaps* peer = gst_pad_peer_query_caps(other, ours);
   GstCaps* caps = gst_caps_intersect(ours, peer);
   gst_caps_unref(ours);
@@ -432,19 +386,19 @@ GstCaps* restylable_caps(GstVideoRestyle* self, GstPad* pad) {
   return caps;
 }
 
-gboolean sink_query(GstPad* pad, GstObject* parent, GstQuery* query) {
-  auto* self = GST_VIDEO_RESTYLE(parent);
-  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS) return latent::gst::answer_caps_query(query, restylable_caps(self, pad));
+gboolean sink_query(GstLatentFilter* filter, GstQuery* query) {
+  GstPad* pad = latent::gst::sink_pad(filter);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS)
+    return latent::gst::answer_caps_query(query, restylable_caps(GST_VIDEO_RESTYLE(filter), pad));
   if (GST_QUERY_TYPE(query) == GST_QUERY_ACCEPT_CAPS) return latent::gst::accept_template_caps(pad, query);
-  return gst_pad_query_default(pad, parent, query);
+  return GST_LATENT_FILTER_CLASS(gst_video_restyle_parent_class)->sink_query(filter, query);
 }
 
-gboolean src_query(GstPad* pad, GstObject* parent, GstQuery* query) {
-  auto* self = GST_VIDEO_RESTYLE(parent);
-  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY)
-    return latent::gst::answer_latency_query(self->sinkpad, query, our_latency(self));
-  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS) return latent::gst::answer_caps_query(query, restylable_caps(self, pad));
-  return gst_pad_query_default(pad, parent, query);
+gboolean src_query(GstLatentFilter* filter, GstQuery* query) {
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CAPS)
+    return latent::gst::answer_caps_query(query,
+                                          restylable_caps(GST_VIDEO_RESTYLE(filter), latent::gst::src_pad(filter)));
+  return GST_LATENT_FILTER_CLASS(gst_video_restyle_parent_class)->src_query(filter, query);
 }
 
 GstStateChangeReturn change_state(GstElement* element, GstStateChange transition) {
@@ -486,11 +440,8 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
         GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("denoising-steps: %s", e.what()), (nullptr));
         return GST_STATE_CHANGE_FAILURE;
       }
-      s.latents_in = s.latents_out = s.dropped = 0;
+      s.dropped = 0;
       s.warned_non_finite = false;
-      s.stats.reset();
-      s.compute.reset();
-      s.discont = true;
       gst_segment_init(&s.segment, GST_FORMAT_UNDEFINED);
       std::lock_guard<std::mutex> lock(s.qos_lock);
       s.earliest = GST_CLOCK_TIME_NONE;
@@ -505,7 +456,6 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
     case GST_STATE_CHANGE_PAUSED_TO_READY:
       s.prompts->stop();
       s.restyler.reset();
-      s.held.clear();
       s.stamps.clear();
       s.stamps_base = 0;
       GST_OBJECT_LOCK(self);
@@ -560,6 +510,7 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
   const Settings& s = impl.settings;
   if (latent::gst::get_model_property(object, s.model, id, value)) return;
   if (impl.prompts->get_property(id, value)) return;
+  if (latent::gst::get_counter_property(GST_LATENT_FILTER(self), id, value)) return;
   GST_OBJECT_LOCK(self);
   const auto set_text = [&](const std::string& v) { g_value_set_string(value, v.empty() ? nullptr : v.c_str()); };
   switch (id) {
@@ -573,8 +524,6 @@ void get_property(GObject* object, guint id, GValue* value, GParamSpec* pspec) {
     case PROP_SEED: g_value_set_uint64(value, s.seed); break;
     case PROP_RAW_INPUT: g_value_set_boolean(value, s.raw_input); break;
     case PROP_QOS: g_value_set_boolean(value, impl.qos.load()); break;
-    case PROP_LATENTS_IN: g_value_set_uint64(value, impl.latents_in.load()); break;
-    case PROP_LATENTS_OUT: g_value_set_uint64(value, impl.latents_out.load()); break;
     case PROP_DROPPED: g_value_set_uint64(value, impl.dropped.load()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
@@ -593,17 +542,30 @@ void finalize(GObject* object) {
 static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
   auto* gobject = G_OBJECT_CLASS(klass);
   auto* element = GST_ELEMENT_CLASS(klass);
+  auto* filter = GST_LATENT_FILTER_CLASS(klass);
   gobject->set_property = set_property;
   gobject->get_property = get_property;
   gobject->finalize = finalize;
   element->change_state = change_state;
+  filter->unit = "latent";
+  filter->work = "restyling";
+  filter->set_caps = set_latent_caps;
+  filter->negotiated = negotiated;
+  filter->pending = pending;
+  filter->handle_buffer = handle_buffer;
+  filter->finish = finish;
+  filter->reset = reset_stream;
+  filter->flush = flush;
+  filter->observe_event = observe_event;
+  filter->held_latency = held_latency;
+  filter->sink_query = sink_query;
+  filter->src_query = src_query;
 
   latent::gst::install_model_properties(
       gobject, std::string("A diffusers Wan 2.1 T2V folder (its transformer config, text encoder and tokenizer); "
                            "transformer-weights puts a causal checkpoint (StreamDiffusionV2's model.pt, "
                            "Self-Forcing's) in place of its transformer"));
   const auto ready = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
-  const auto playing = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING);
   const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
       gobject, PROP_TRANSFORMER_WEIGHTS,
@@ -669,14 +631,9 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
                            "Skip input frames whose output downstream's QoS says would be late, instead of queueing "
                            "them",
                            TRUE, GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_PLAYING)));
-  g_object_class_install_property(
-      gobject, PROP_LATENTS_IN,
-      g_param_spec_uint64("latents-in", "Latents in", "Latent frames received since READY->PAUSED", 0, G_MAXUINT64, 0,
-                          ro));
-  g_object_class_install_property(
-      gobject, PROP_LATENTS_OUT,
-      g_param_spec_uint64("latents-out", "Latents out", "Latent frames pushed since READY->PAUSED", 0, G_MAXUINT64, 0,
-                          ro));
+  latent::gst::install_counter_properties(
+      gobject, {"latents-in", "Latents in", "Latent frames received since READY->PAUSED"},
+      {"latents-out", "Latents out", "Latent frames pushed since READY->PAUSED"}, false);
   g_object_class_install_property(
       gobject, PROP_DROPPED,
       g_param_spec_uint64("dropped", "Dropped", "Input frames skipped because their output would be late (qos)", 0,
@@ -712,16 +669,9 @@ static void gst_video_restyle_init(GstVideoRestyle* self) {
         impl->next_text = p.embeddings;
         impl->next_label = p.label;
       });
-  auto* klass = GST_ELEMENT_GET_CLASS(self);
-  self->sinkpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "sink"), "sink");
-  gst_pad_set_chain_function(self->sinkpad, chain);
-  gst_pad_set_event_function(self->sinkpad, sink_event);
-  gst_pad_set_query_function(self->sinkpad, sink_query);
-  GST_PAD_SET_PROXY_CAPS(self->sinkpad);  // the caps event goes on as it came
-  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
-  self->srcpad = gst_pad_new_from_template(gst_element_class_get_pad_template(klass, "src"), "src");
-  gst_pad_set_event_function(self->srcpad, src_event);
-  gst_pad_set_query_function(self->srcpad, src_query);
-  GST_PAD_SET_PROXY_CAPS(self->srcpad);
-  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+  auto* filter = GST_LATENT_FILTER(self);
+  // Caps queries proxy the other side's (narrowed to the model's latents); QoS events from downstream.
+  GST_PAD_SET_PROXY_CAPS(latent::gst::sink_pad(filter));
+  GST_PAD_SET_PROXY_CAPS(latent::gst::src_pad(filter));
+  gst_pad_set_event_function(latent::gst::src_pad(filter), src_event);
 }

@@ -4,7 +4,9 @@
 
 #include <gst/gst.h>
 
+#include "latent_filter.h"
+
 G_BEGIN_DECLS
 #define GST_TYPE_VIDEO_RESTYLE (gst_video_restyle_get_type())
-G_DECLARE_FINAL_TYPE(GstVideoRestyle, gst_video_restyle, GST, VIDEO_RESTYLE, GstElement)
+G_DECLARE_FINAL_TYPE(GstVideoRestyle, gst_video_restyle, GST, VIDEO_RESTYLE, GstLatentFilter)
 G_END_DECLS

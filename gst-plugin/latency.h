@@ -7,6 +7,8 @@
 
 #include <gst/gst.h>
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -29,6 +31,20 @@ class LatencyBound {
   std::vector<GstClockTime> recent_;  // a ring of the last window_ measurements
   size_t next_ = 0;
   GstClockTime announced_ = 0;
+};
+
+// Compute time of model calls; the stats properties read it from any thread.
+struct ChunkStats {
+  std::atomic<guint64> chunks{0}, compute_ns{0};
+  void reset() { chunks = compute_ns = 0; }
+  void add(std::chrono::steady_clock::duration d) {
+    compute_ns += guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+    chunks++;
+  }
+  GstClockTime mean() const {
+    guint64 n = chunks.load();
+    return n ? GstClockTime(compute_ns.load() / n) : 0;
+  }
 };
 
 }  // namespace latent::gst

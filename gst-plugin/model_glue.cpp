@@ -85,9 +85,10 @@ void install_parallel_properties(GObjectClass* klass, const std::string& what, c
                         1, 24 * 3600, 60, GParamFlags(flags | GST_PARAM_MUTABLE_READY)));
 }
 
-void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_id, GParamFlags flags) {
+void install_memory_properties(GObjectClass* klass) {
+  const auto flags = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(
-      klass, size_id,
+      klass, PROP_TILE_SIZE,
       g_param_spec_uint(
           "tile-size", "Tile size",
           "Spatial tiles of this many pixels square, as diffusers' enable_tiling(tile_sample_min_height=, "
@@ -97,23 +98,13 @@ void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_i
           "Frames within one tile are not tiled. 0 = off",
           0, 16384, 0, flags));
   g_object_class_install_property(
-      klass, overlap_id,
+      klass, PROP_TILE_OVERLAP,
       g_param_spec_double("tile-overlap", "Tile overlap",
                           "Fraction of a tile shared with its neighbour when tile-size is set (tile_overlap_factor_*); "
                           "0 = diffusers' defaults, 1/6 vertically and 1/5 horizontally",
                           0.0, 0.9, 0.0, flags));
-}
-
-TileOptions tile_options(guint size, double overlap) {
-  TileOptions t;
-  t.height = t.width = int64_t(size);
-  if (overlap > 0) t.overlap_height = t.overlap_width = overlap;
-  return t;
-}
-
-void install_band_properties(GObjectClass* klass, guint height_id, guint memory_id, GParamFlags flags) {
   g_object_class_install_property(
-      klass, height_id,
+      klass, PROP_BAND_HEIGHT,
       g_param_spec_uint(
           "band-height", "Band height",
           "Exact spatial bands of this many pixel rows (Wan 2.1 and 2.2; a multiple of the model's spatial factor, 8 "
@@ -125,7 +116,7 @@ void install_band_properties(GObjectClass* klass, guint height_id, guint memory_
           "E.g. vaedecode band-height=256 ! ... for 2160x3840",
           0, 65536, 0, flags));
   g_object_class_install_property(
-      klass, memory_id,
+      klass, PROP_MAX_MEMORY,
       g_param_spec_int("max-memory", "Max memory",
                        "Activation memory per chunk to stay within, MiB (Wan): when band-height is 0, the tallest "
                        "exact bands whose estimated activations fit are chosen at the first chunk (whole frames "
@@ -136,12 +127,45 @@ void install_band_properties(GObjectClass* klass, guint height_id, guint memory_
                        -1, G_MAXINT, -1, flags));
 }
 
-BandOptions band_options(guint height, gint max_mib) {
+TileOptions MemorySettings::tiles() const {
+  TileOptions t;
+  t.height = t.width = int64_t(tile_size);
+  if (tile_overlap > 0) t.overlap_height = t.overlap_width = tile_overlap;
+  return t;
+}
+
+BandOptions MemorySettings::bands() const {
   BandOptions b;
-  b.height = int64_t(height);
-  b.max_bytes = max_mib > 0 ? size_t(max_mib) << 20 : 0;
-  b.automatic = max_mib < 0;
+  b.height = int64_t(band_height);
+  b.max_bytes = max_memory > 0 ? size_t(max_memory) << 20 : 0;
+  b.automatic = max_memory < 0;
   return b;
+}
+
+bool set_memory_property(GObject* object, MemorySettings& settings, guint id, const GValue* value) {
+  if (id < PROP_TILE_SIZE || id > PROP_MAX_MEMORY) return false;
+  GST_OBJECT_LOCK(object);
+  switch (id) {
+    case PROP_TILE_SIZE: settings.tile_size = g_value_get_uint(value); break;
+    case PROP_TILE_OVERLAP: settings.tile_overlap = g_value_get_double(value); break;
+    case PROP_BAND_HEIGHT: settings.band_height = g_value_get_uint(value); break;
+    default: settings.max_memory = g_value_get_int(value); break;
+  }
+  GST_OBJECT_UNLOCK(object);
+  return true;
+}
+
+bool get_memory_property(GObject* object, const MemorySettings& settings, guint id, GValue* value) {
+  if (id < PROP_TILE_SIZE || id > PROP_MAX_MEMORY) return false;
+  GST_OBJECT_LOCK(object);
+  switch (id) {
+    case PROP_TILE_SIZE: g_value_set_uint(value, settings.tile_size); break;
+    case PROP_TILE_OVERLAP: g_value_set_double(value, settings.tile_overlap); break;
+    case PROP_BAND_HEIGHT: g_value_set_uint(value, settings.band_height); break;
+    default: g_value_set_int(value, settings.max_memory); break;
+  }
+  GST_OBJECT_UNLOCK(object);
+  return true;
 }
 
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value) {

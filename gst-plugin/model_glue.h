@@ -42,14 +42,24 @@ void install_model_properties(GObjectClass* klass, const std::string& model_blur
 // form describes patch parallel (vaeencode, vaedecode); the second starts the blurb with `what` instead.
 void install_parallel_properties(GObjectClass* klass, const char* example);
 void install_parallel_properties(GObjectClass* klass, const std::string& what, const char* example);
-// Installs "tile-size" and "tile-overlap" (vaeencode, vaedecode) under the ids given.
-void install_tile_properties(GObjectClass* klass, guint size_id, guint overlap_id, GParamFlags flags);
-// tile-size and tile-overlap as the core's TileOptions; an overlap of 0 keeps diffusers' defaults.
-TileOptions tile_options(guint size, double overlap);
-// Installs "band-height" and "max-memory" (vaeencode, vaedecode) under the ids given.
-void install_band_properties(GObjectClass* klass, guint height_id, guint memory_id, GParamFlags flags);
-// band-height (pixels) and max-memory (MiB; -1 automatic) as the core's BandOptions.
-BandOptions band_options(guint height, gint max_mib);
+// How vaeencode and vaedecode bound the memory of a frame: tile-size and tile-overlap (CogVideoX's tiles),
+// band-height and max-memory (exact bands). Object lock.
+struct MemorySettings {
+  guint tile_size = 0;
+  double tile_overlap = 0;
+  guint band_height = 0;
+  gint max_memory = -1;  // MiB; -1 automatic (BandOptions::automatic)
+  // The core's options: an overlap of 0 keeps diffusers' defaults.
+  TileOptions tiles() const;
+  BandOptions bands() const;
+};
+// Ids of the memory properties, apart from each element's own.
+enum MemoryProperty { PROP_TILE_SIZE = 1100, PROP_TILE_OVERLAP, PROP_BAND_HEIGHT, PROP_MAX_MEMORY };
+// Installs the four (changes take effect at the next READY->PAUSED).
+void install_memory_properties(GObjectClass* klass);
+// Handles the memory properties under the object lock; false for any other id.
+bool set_memory_property(GObject* object, MemorySettings& settings, guint id, const GValue* value);
+bool get_memory_property(GObject* object, const MemorySettings& settings, guint id, GValue* value);
 // Handles the model and parallel properties; false for any other id.
 bool set_model_property(GObject* object, ModelSettings& settings, guint id, const GValue* value);
 bool get_model_property(GObject* object, const ModelSettings& settings, guint id, GValue* value);
@@ -132,20 +142,6 @@ gboolean guarded_event(GstElement* element, F&& handle) noexcept {
   gboolean ok = FALSE;
   return guarded(element, "handling an event", [&] { ok = handle(); }) ? ok : FALSE;
 }
-
-// Compute time of model calls; the stats properties read it from any thread.
-struct ChunkStats {
-  std::atomic<guint64> chunks{0}, compute_ns{0};
-  void reset() { chunks = compute_ns = 0; }
-  void add(std::chrono::steady_clock::duration d) {
-    compute_ns += guint64(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
-    chunks++;
-  }
-  GstClockTime mean() const {
-    guint64 n = chunks.load();
-    return n ? GstClockTime(compute_ns.load() / n) : 0;
-  }
-};
 
 // Records one model call's compute time in the stats and the latency bound; posts a LATENCY message when the
 // bound changed.

@@ -3,6 +3,8 @@
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
