@@ -154,18 +154,8 @@ GstFlowReturn push_frames(GstVaeDecode* self, const torch::Tensor& frames) {
   return GST_FLOW_OK;
 }
 
-gboolean negotiated(GstLatentFilter* filter) {
-  const Impl& s = *GST_VAE_DECODE(filter)->impl;
-  return s.in && s.decoder;
-}
-
-// A clip has begun once a latent came: its first latent decodes to one frame, so even a clip decoded to its end
-// must be ended for the next latent to start one.
-gboolean pending(GstLatentFilter* filter) {
-  const Impl& s = *GST_VAE_DECODE(filter)->impl;
-  return s.decoder && s.decoder->latents_in() > 0;
-}
-
+// A clip may be decoded to its end and still have begun (its first latent decodes to one frame): then there is
+// nothing to finish, but the next latent must start a clip.
 GstFlowReturn finish(GstLatentFilter* filter) {
   auto* self = GST_VAE_DECODE(filter);
   latent::DecoderStream& decoder = *self->impl->decoder;
@@ -285,7 +275,7 @@ gboolean set_latent_caps(GstLatentFilter* filter, GstCaps* caps) {
   if (!latent::gst::check_rows_for_ranks(GST_ELEMENT(self), *s.model, int64_t(info->height) * spec.spatial_factor,
                                          s.models.size()))
     return false;
-  if (s.in ? latent::gst::drain(filter) != GST_FLOW_OK : !reset_clip(filter)) return false;
+  if (s.in ? latent::gst::drain(filter) != GST_FLOW_OK : !latent::gst::start_clip(filter)) return false;
   s.in = info;
   const bool ok = negotiate_output(self);
   update_hold_time(s);
@@ -342,7 +332,8 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
-      latent::DecoderOptions opt{int64_t(s.chunk_latents)};
+      latent::DecoderOptions opt;
+      opt.max_chunk_latents = int64_t(s.chunk_latents);
       opt.tile = s.memory.tiles();
       opt.bands = s.memory.bands();
       const latent::gst::ModelSettings settings = s.settings;
@@ -352,7 +343,7 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.in.reset();
       s.warned_non_finite = false;
       s.hold_time = 0;
-      if (!reset_clip(GST_LATENT_FILTER(self))) return GST_STATE_CHANGE_FAILURE;
+      if (!latent::gst::start_clip(GST_LATENT_FILTER(self))) return GST_STATE_CHANGE_FAILURE;
       break;
     }
     case GST_STATE_CHANGE_PAUSED_TO_READY:
@@ -426,8 +417,6 @@ static void gst_vae_decode_class_init(GstVaeDecodeClass* klass) {
   filter->unit = "latent";
   filter->work = "decoding";
   filter->set_caps = set_latent_caps;
-  filter->negotiated = negotiated;
-  filter->pending = pending;
   filter->handle_buffer = handle_buffer;
   filter->finish = finish;
   filter->reset = reset_clip;

@@ -51,7 +51,6 @@ struct Impl {
   bool have_video = false;
   std::deque<FrameTime> times;  // frames not yet covered by a pushed latent, from clip frame `times_first`
   int64_t times_first = 0;
-  uint64_t clip_base = 0;  // stream index of the current clip's frame 0 (the base counts frames in taken/done)
 
   // Frames held before a latent can go out, as time: set by the streaming thread, read by LATENCY queries.
   std::atomic<GstClockTime> hold_time{0};
@@ -101,7 +100,7 @@ GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out
   for (int64_t i = 0; i < out.size(); ++i) {
     const int64_t first = out.first_frame[size_t(i)], real = out.real_frames[size_t(i)];
     LatentFrameStamp stamp;
-    stamp.first_frame = s.clip_base + uint64_t(first);
+    stamp.first_frame = latent::gst::filter_stream(filter).clip_start + uint64_t(first);
     stamp.end_frame = stamp.first_frame + uint64_t(real);
     const int64_t k = first - s.times_first;
     if (real > 0 && k >= 0 && k + real <= int64_t(s.times.size())) {
@@ -133,16 +132,6 @@ GstFlowReturn push_latents(GstVaeEncode* self, const latent::EncodedLatents& out
   return GST_FLOW_OK;
 }
 
-gboolean negotiated(GstLatentFilter* filter) {
-  const Impl& s = *GST_VAE_ENCODE(filter)->impl;
-  return s.have_video && s.encoder;
-}
-
-gboolean pending(GstLatentFilter* filter) {
-  const Impl& s = *GST_VAE_ENCODE(filter)->impl;
-  return s.encoder && s.encoder->frames_in() > 0;
-}
-
 // Encodes what is pending, padding the tail.
 GstFlowReturn finish(GstLatentFilter* filter) {
   auto* self = GST_VAE_ENCODE(filter);
@@ -154,7 +143,6 @@ gboolean reset_clip(GstLatentFilter* filter) {
   Impl& s = *GST_VAE_ENCODE(filter)->impl;
   s.times.clear();
   s.times_first = 0;
-  s.clip_base = latent::gst::filter_stream(filter).taken;
   return !s.encoder || latent::gst::guarded(GST_ELEMENT(filter), "starting a new clip", [&] { s.encoder->reset(); });
 }
 
@@ -205,7 +193,7 @@ gboolean set_video_caps(GstLatentFilter* filter, GstCaps* caps) {
   if (!latent::gst::check_rows_for_ranks(GST_ELEMENT(self), *s.model, GST_VIDEO_INFO_HEIGHT(&info), s.models.size()))
     return false;
   // New caps mid-stream: what was encoded under the old caps is finished first.
-  if (s.have_video ? latent::gst::drain(filter) != GST_FLOW_OK : !reset_clip(filter)) return false;
+  if (s.have_video ? latent::gst::drain(filter) != GST_FLOW_OK : !latent::gst::start_clip(filter)) return false;
   s.video = info;
   s.have_video = true;
   update_hold_time(s);
@@ -272,7 +260,10 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED: {
       GST_OBJECT_LOCK(self);
-      latent::EncoderOptions opt{s.sample, s.seed, int64_t(s.chunk_frames)};
+      latent::EncoderOptions opt;
+      opt.sample = s.sample;
+      opt.seed = s.seed;
+      opt.max_chunk_frames = int64_t(s.chunk_frames);
       opt.decodable_tail = true;  // frames in == frames out through vaedecode, TAEHV too
       opt.tile = s.memory.tiles();
       opt.bands = s.memory.bands();
@@ -281,9 +272,8 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
       s.encoder = latent::gst::make_encoder(element, s.models, opt, settings);
       if (!s.encoder) return GST_STATE_CHANGE_FAILURE;
       s.have_video = false;
-      s.clip_base = 0;
       s.hold_time = 0;
-      if (!reset_clip(GST_LATENT_FILTER(self))) return GST_STATE_CHANGE_FAILURE;
+      if (!latent::gst::start_clip(GST_LATENT_FILTER(self))) return GST_STATE_CHANGE_FAILURE;
       break;
     }
     default: break;
@@ -354,8 +344,6 @@ static void gst_vae_encode_class_init(GstVaeEncodeClass* klass) {
   filter->unit = "frame";
   filter->work = "encoding";
   filter->set_caps = set_video_caps;
-  filter->negotiated = negotiated;
-  filter->pending = pending;
   filter->handle_buffer = handle_buffer;
   filter->finish = finish;
   filter->reset = reset_clip;

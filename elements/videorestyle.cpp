@@ -71,7 +71,6 @@ struct Impl {
   torch::Tensor raw_mean, raw_std;      // [C, 1, 1] where raw-input converts, else undefined
   std::deque<LatentFrameStamp> stamps;  // of the frames in flight, from restyler index stamps_base
   int64_t stamps_base = 0;
-  uint64_t clip_base = 0;          // the base's input count when the restyler's frame 0 came
   bool warned_non_finite = false;  // an output latent with NaN or infinite values was reported this stream
   GstSegment segment{};
 
@@ -172,22 +171,12 @@ GstFlowReturn push_frames(GstVideoRestyle* self, std::vector<latent::RestyledFra
                                          "restyled values that decode to no picture (the input or the model)");
     GstBuffer* buf = latent::gst::buffer_wrapping_tensor(frame);
     latent::gst::apply_stamp(buf, stamp);
-    const uint64_t covers_end = s.clip_base + uint64_t(f.index) + 1;
+    const uint64_t covers_end = latent::gst::filter_stream(GST_LATENT_FILTER(self)).clip_start + uint64_t(f.index) + 1;
     latent::gst::filter_stream(GST_LATENT_FILTER(self)).done = covers_end;
     const GstFlowReturn ret = latent::gst::push_output(GST_LATENT_FILTER(self), buf, covers_end);
     if (ret != GST_FLOW_OK) return ret;
   }
   return GST_FLOW_OK;
-}
-
-gboolean negotiated(GstLatentFilter* filter) {
-  const Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
-  return s.in && s.restyler;
-}
-
-gboolean pending(GstLatentFilter* filter) {
-  const Impl& s = *GST_VIDEO_RESTYLE(filter)->impl;
-  return s.restyler && s.restyler->frames_in() > 0;
 }
 
 // Sends what is in flight: the stream ended here.
@@ -202,7 +191,6 @@ gboolean reset_stream(GstLatentFilter* filter) {
   if (s.restyler) s.restyler->reset();
   s.stamps.clear();
   s.stamps_base = 0;
-  s.clip_base = latent::gst::filter_stream(filter).taken;
   return TRUE;
 }
 
@@ -329,7 +317,7 @@ gboolean set_latent_caps(GstLatentFilter* filter, GstCaps* caps) {
   GST_OBJECT_LOCK(self);
   s.in = info;
   GST_OBJECT_UNLOCK(self);
-  reset_stream(filter);
+  latent::gst::start_clip(filter);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_latency(GST_OBJECT(self)));
   return forward_caps(filter, caps);
 }
@@ -550,8 +538,6 @@ static void gst_video_restyle_class_init(GstVideoRestyleClass* klass) {
   filter->unit = "latent";
   filter->work = "restyling";
   filter->set_caps = set_latent_caps;
-  filter->negotiated = negotiated;
-  filter->pending = pending;
   filter->handle_buffer = handle_buffer;
   filter->finish = finish;
   filter->reset = reset_stream;

@@ -58,12 +58,12 @@ GstFlowReturn chain(GstPad*, GstObject* parent, GstBuffer* buffer) {
   auto* self = GST_LATENT_FILTER(parent);
   GstLatentFilterClass* k = klass(self);
   latent::gst::BufferPtr buf(buffer);
-  if (!k->negotiated(self)) {
+  if (!priv(self).stream->negotiated) {
     GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("No caps before the first %s.", k->unit), (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
   priv(self).stream->in++;
-  if (GST_BUFFER_IS_DISCONT(buf.get()) && k->pending(self)) {
+  if (GST_BUFFER_IS_DISCONT(buf.get()) && priv(self).stream->clip_begun()) {
     // A gap in the input ends the clip: what was pending is finished, the caches start afresh.
     const GstFlowReturn ret = latent::gst::drain(self);
     if (ret != GST_FLOW_OK) return ret;
@@ -81,6 +81,7 @@ gboolean handle_sink_event(GstLatentFilter* self, GstPad* pad, GstEvent* event) 
       GstCaps* caps;
       gst_event_parse_caps(event, &caps);
       const gboolean ok = k->set_caps(self, caps);
+      if (ok) s.negotiated = true;
       gst_event_unref(event);
       return ok;
     }
@@ -96,7 +97,7 @@ gboolean handle_sink_event(GstLatentFilter* self, GstPad* pad, GstEvent* event) 
       s.taken = s.done = 0;
       s.discont = true;
       k->flush(self);
-      k->reset(self);
+      latent::gst::start_clip(self);
       break;
     default:
       if (latent::gst::waits_behind_data(event) && s.holding()) {
@@ -154,8 +155,9 @@ GstStateChangeReturn change_state(GstElement* element, GstStateChange transition
   if (transition == GST_STATE_CHANGE_PAUSED_TO_READY) {
     // The streaming thread has stopped: the next start counts from 0.
     s.held.clear();
-    s.taken = s.done = 0;
+    s.taken = s.done = s.clip_start = 0;
     s.discont = true;
+    s.negotiated = false;
   }
   return ret;
 }
@@ -216,15 +218,20 @@ GstFlowReturn drain(GstLatentFilter* self) {
   GstLatentFilterClass* k = klass(self);
   FilterStream& s = *priv(self).stream;
   GstFlowReturn ret = GST_FLOW_OK;
-  if (k->pending(self)) {
+  if (s.clip_begun()) {
     const std::string doing = std::string(k->work) + " the end of the clip";
     if (!guarded(GST_ELEMENT(self), doing.c_str(), [&] { ret = k->finish(self); })) ret = GST_FLOW_ERROR;
   }
   s.done = s.taken;
   s.held.release_all(priv(self).srcpad);
   s.discont = true;
-  if (!k->reset(self) && ret == GST_FLOW_OK) ret = GST_FLOW_ERROR;
+  if (!start_clip(self) && ret == GST_FLOW_OK) ret = GST_FLOW_ERROR;
   return ret;
+}
+
+bool start_clip(GstLatentFilter* self) {
+  priv(self).stream->clip_start = priv(self).stream->taken;
+  return klass(self)->reset(self);
 }
 
 void record_compute(GstLatentFilter* self, std::chrono::steady_clock::duration d) {

@@ -34,17 +34,13 @@ struct _GstLatentFilterClass {
   // On the streaming thread (or in a state change, which never overlaps it). Those that return a gboolean return
   // FALSE after posting an ERROR message.
   // Sink caps, every time they come (the subclass tells a change from a repeat). The base never forwards the caps
-  // event: the subclass pushes its source caps.
+  // event: the subclass pushes its source caps. Buffers are taken once a call returned TRUE.
   gboolean (*set_caps)(GstLatentFilter* self, GstCaps* caps);
-  // Whether caps came and buffers can be taken.
-  gboolean (*negotiated)(GstLatentFilter* self);
-  // Whether the clip has begun (input taken since the last reset): a DISCONT buffer then ends it, a drain finishes it.
-  gboolean (*pending)(GstLatentFilter* self);
   // One buffer (owned by the subclass from here on). An exception is posted as an ERROR naming `work`.
   GstFlowReturn (*handle_buffer)(GstLatentFilter* self, GstBuffer* buffer);
-  // Makes and pushes the output of everything pending: the clip ends here.
+  // Makes and pushes the output of the clip's input not yet out (called once input was taken since its start).
   GstFlowReturn (*finish)(GstLatentFilter* self);
-  // Starts a new clip: fresh caches, nothing pending.
+  // Starts a new clip: fresh caches, nothing pending. Through latent::gst::start_clip, which marks where it starts.
   gboolean (*reset)(GstLatentFilter* self);
   // FLUSH_STOP, before reset: drop what the flush discards beyond the pending data.
   void (*flush)(GstLatentFilter* self);
@@ -65,12 +61,16 @@ struct FilterStream {
   HeldEvents held;
   uint64_t taken = 0;   // input units of the stream received: the position events are held at
   uint64_t done = 0;    // input units whose output has all gone out
+  uint64_t clip_start = 0;  // `taken` when the current clip started
+  bool negotiated = false;  // set_caps succeeded since READY->PAUSED
   bool discont = true;  // the next output starts a clip
   // Since READY->PAUSED, read by the counter properties from any thread: buffers received and pushed.
   std::atomic<guint64> in{0}, out{0};
   ChunkStats stats;
   LatencyBound compute;
   bool holding() const { return taken > done || !held.empty(); }
+  // Whether the clip has begun: a DISCONT buffer then ends it, a drain finishes it.
+  bool clip_begun() const { return taken > clip_start; }
 };
 
 GstPad* sink_pad(GstLatentFilter* self);
@@ -82,6 +82,8 @@ FilterStream& filter_stream(GstLatentFilter* self);
 GstFlowReturn push_output(GstLatentFilter* self, GstBuffer* buffer, uint64_t covers_end);
 // Makes the output of what is pending, lets every held event go and starts a new clip (errors are posted).
 GstFlowReturn drain(GstLatentFilter* self);
+// Starts a clip at the current input (the subclass's reset); false after an ERROR message.
+bool start_clip(GstLatentFilter* self);
 // Records one model call's compute time (stats and the latency bound; a LATENCY message when it moved).
 void record_compute(GstLatentFilter* self, std::chrono::steady_clock::duration d);
 

@@ -519,6 +519,83 @@ GST_START_TEST(test_caps_queries_name_the_latent_space) {
 }
 GST_END_TEST;
 
+// What the latent-filter base does for all three transform elements, seen through videorestyle (a frame leaves one
+// frame after it came): a serialized event waits behind the frames that came before it and goes out ahead of the
+// first output that covers a later frame; a DISCONT input ends the clip (what was in flight goes out, then the held
+// events) and the next clip's first output is DISCONT, as the stream's first is.
+GST_START_TEST(test_events_keep_their_place_and_a_discont_starts_a_clip) {
+  struct Seen {
+    std::mutex mu;
+    std::vector<std::string> order;
+    void add(const std::string& what) {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(what);
+    }
+  } seen;
+  GstElement* r = gst_parse_launch(restyle("raw-input=false prompt-embeds=" + prompt_a()).c_str(), nullptr);
+  fail_unless(r != nullptr);
+  GstPad* src = gst_pad_new("src", GST_PAD_SRC);
+  GstPad* sink = gst_pad_new("sink", GST_PAD_SINK);
+  gst_pad_set_element_private(sink, &seen);
+  gst_pad_set_chain_function(sink, [](GstPad* pad, GstObject*, GstBuffer* b) {
+    static_cast<Seen*>(gst_pad_get_element_private(pad))->add(GST_BUFFER_IS_DISCONT(b) ? "bD" : "b");
+    gst_buffer_unref(b);
+    return GST_FLOW_OK;
+  });
+  gst_pad_set_event_function(sink, [](GstPad* pad, GstObject*, GstEvent* e) -> gboolean {
+    if (GST_EVENT_TYPE(e) == GST_EVENT_CUSTOM_DOWNSTREAM)
+      static_cast<Seen*>(gst_pad_get_element_private(pad))->add(gst_structure_get_name(gst_event_get_structure(e)));
+    gst_event_unref(e);
+    return TRUE;
+  });
+  GstPad* rsink = gst_element_get_static_pad(r, "sink");
+  GstPad* rsrc = gst_element_get_static_pad(r, "src");
+  fail_unless(gst_pad_link(src, rsink) == GST_PAD_LINK_OK && gst_pad_link(rsrc, sink) == GST_PAD_LINK_OK);
+  gst_pad_set_active(src, TRUE);
+  gst_pad_set_active(sink, TRUE);
+  fail_unless(gst_element_set_state(r, GST_STATE_PLAYING) == GST_STATE_CHANGE_SUCCESS);
+  fail_unless(gst_pad_push_event(src, gst_event_new_stream_start("restyle")));
+  GstCaps* caps = gst_caps_from_string(kCaps);
+  fail_unless(gst_pad_push_event(src, gst_event_new_caps(caps)));
+  gst_caps_unref(caps);
+  GstSegment segment;
+  gst_segment_init(&segment, GST_FORMAT_TIME);
+  fail_unless(gst_pad_push_event(src, gst_event_new_segment(&segment)));
+  const torch::Tensor frames = raw_input();
+  const auto push = [&](int64_t t, bool discont) {
+    const torch::Tensor f = frames[t].contiguous();
+    GstBuffer* b = gst_buffer_new_memdup(f.data_ptr(), size_t(f.nbytes()));
+    GST_BUFFER_PTS(b) = GstClockTime(t) * kLatent;
+    GST_BUFFER_DURATION(b) = kLatent;
+    if (discont) GST_BUFFER_FLAG_SET(b, GST_BUFFER_FLAG_DISCONT);
+    fail_unless_equals_int(gst_pad_push(src, b), GST_FLOW_OK);
+  };
+  const auto mark = [&](const char* name) {
+    fail_unless(
+        gst_pad_push_event(src, gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM, gst_structure_new_empty(name))));
+  };
+  push(0, false);
+  push(1, false);
+  mark("A");
+  push(2, false);
+  mark("B");
+  push(3, true);
+  push(4, false);
+  fail_unless(gst_pad_push_event(src, gst_event_new_eos()));
+  gst_element_set_state(r, GST_STATE_NULL);
+  std::string order;
+  for (const std::string& s : seen.order) order += (order.empty() ? "" : " ") + s;
+  fail_unless_equals_string(order.c_str(), "bD b A b B bD b");
+  gst_pad_unlink(src, rsink);
+  gst_pad_unlink(rsrc, sink);
+  gst_object_unref(rsink);
+  gst_object_unref(rsrc);
+  gst_object_unref(src);
+  gst_object_unref(sink);
+  gst_object_unref(r);
+}
+GST_END_TEST;
+
 void add_restyle_tests(Suite* s) {
   TCase* tc = tcase_create("restyle");
   tcase_set_timeout(tc, 300);
@@ -532,6 +609,7 @@ void add_restyle_tests(Suite* s) {
   tcase_add_test(tc, test_bad_embeddings_set_while_playing_are_warnings);
   tcase_add_test(tc, test_prompts_before_caps_and_across_new_caps);
   tcase_add_test(tc, test_caps_queries_name_the_latent_space);
+  tcase_add_test(tc, test_events_keep_their_place_and_a_discont_starts_a_clip);
   tcase_add_test(tc, test_non_finite_output_is_said_once);
   const char* taehv = g_getenv("LATENT_TAEHV_FIXTURES");
   if (taehv && fs::exists(fs::path(taehv) / "stamp"))
