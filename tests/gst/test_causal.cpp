@@ -133,6 +133,34 @@ struct TagProbe {
   }
 };
 
+// Plays `pipeline` (videogen "gen" ! appsink "out") to its end on this thread, calling `each` with the count so
+// far (from 1), the latent and the generator; ends in NULL. Returns how many latents came.
+using EachLatent = std::function<void(size_t n, GstSample* latent, GstElement* gen)>;
+size_t play_to_end(GstElement* pipeline, const EachLatent& each) {
+  GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
+  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
+  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE, "the start was refused");
+  size_t n = 0;
+  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+    each(++n, s, gen);
+    gst_sample_unref(s);
+  }
+  fail_unless(gst_app_sink_is_eos(sink), "the stream did not end after %zu latents", n);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(gen);
+  return n;
+}
+
+// Sets a prompt property while playing and waits until the switch is handed to the stream (the generator waits on
+// the sink meanwhile, so it lands before the stream ends however slow the encoding).
+void switch_and_settle(GstElement* gen, const char* name, const std::string& value,
+                       latent_test::PromptsSettled& settled) {
+  const size_t before = settled.count();
+  g_object_set(gen, name, value.c_str(), nullptr);
+  fail_unless(settled.wait_for(before + 1), "the live %s never reached the stream", name);
+}
+
 torch::Tensor run_ok(const std::string& desc, const std::function<void(GstElement*)>& setup = {}) {
   Out out;
   latent_test::run(desc + "appsink name=out", out, 120 * GST_SECOND, setup);
@@ -206,24 +234,13 @@ GST_START_TEST(test_prompt_set_while_playing_switches_at_a_block_start) {
   fail_unless(pipeline != nullptr);
   TagProbe tags;
   tags.attach(pipeline);
-  GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
-  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
-  fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
   Out out;
   const std::string b = embeds("b", {}, "prompt.B");
   latent_test::PromptsSettled settled;
-  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
+  play_to_end(pipeline, [&](size_t n, GstSample* s, GstElement* gen) {
     out.buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
-    gst_sample_unref(s);
-    if (out.buffers.size() == 4) {
-      g_object_set(gen, "prompt-embeds", b.c_str(), nullptr);
-      fail_unless(settled.wait_for(1), "the prompt set while playing never reached the stream");
-    }
-  }
-  fail_unless(gst_app_sink_is_eos(sink), "the stream did not end");
-  gst_element_set_state(pipeline, GST_STATE_NULL);
-  gst_object_unref(sink);
-  gst_object_unref(gen);
+    if (n == 4) switch_and_settle(gen, "prompt-embeds", b, settled);
+  });
   gst_object_unref(pipeline);
   fail_unless_equals_int(out.buffers.size(), 15);
   fail_unless_equals_int(tags.tags.size(), 1);
@@ -288,24 +305,11 @@ GST_START_TEST(test_a_live_switch_by_the_other_property_replaces_it) {
   const auto run_switch = [&](GstElement* pipeline, const char* name, const std::string& value) {
     TagProbe& tags = *probes.emplace_back(std::make_unique<TagProbe>());
     tags.attach(pipeline);
-    GstElement* gen = gst_bin_get_by_name(GST_BIN(pipeline), "gen");
-    GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(pipeline), "out"));
     latent_test::PromptsSettled settled;
-    fail_unless(gst_element_set_state(pipeline, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
-    size_t n = 0;
-    while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
-      gst_sample_unref(s);
-      if (++n == 2) {
-        // The generator waits on the sink meanwhile: the switch lands before the stream ends, however slow the
-        // encoding.
-        g_object_set(gen, name, value.c_str(), nullptr);
-        fail_unless(settled.wait_for(1), "the live %s never reached the stream", name);
-      }
-    }
-    fail_unless(gst_app_sink_is_eos(sink), "the stream did not end after %zu latents", n);
+    const size_t n = play_to_end(pipeline, [&](size_t n, GstSample*, GstElement* gen) {
+      if (n == 2) switch_and_settle(gen, name, value, settled);
+    });
     fail_unless_equals_int(n, 12);
-    gst_object_unref(sink);
-    gst_object_unref(gen);
     std::lock_guard<std::mutex> lock(tags.mu);
     return tags.tags;
   };
@@ -325,23 +329,14 @@ GST_START_TEST(test_a_live_switch_by_the_other_property_replaces_it) {
   tags = run_switch(p, "prompt", "a red fox");
   fail_unless_equals_int(tags.size(), 1);
   fail_unless_equals_string(tags[0].prompt.c_str(), "a red fox");
-  gst_element_set_state(p, GST_STATE_NULL);
   GstElement* gen = gst_bin_get_by_name(GST_BIN(p), "gen");
   gchar* embeds = nullptr;
   g_object_get(gen, "prompt-embeds", &embeds, nullptr);
   fail_unless(embeds == nullptr, "prompt-embeds still set after a live prompt: %s", embeds);
   gst_object_unref(gen);
   // The restart runs the prompt the stream ended with.
-  fail_unless(gst_element_set_state(p, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE, "the restart was refused");
-  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(p), "out"));
-  size_t n = 0;
-  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
-    gst_sample_unref(s);
-    ++n;
-  }
-  fail_unless(gst_app_sink_is_eos(sink) && n == 12, "the restart gave %zu latents", n);
-  gst_object_unref(sink);
-  gst_element_set_state(p, GST_STATE_NULL);
+  const size_t n = play_to_end(p, [](size_t, GstSample*, GstElement*) {});
+  fail_unless(n == 12, "the restart gave %zu latents", n);
   gst_object_unref(p);
 }
 GST_END_TEST;
@@ -616,26 +611,15 @@ GST_START_TEST(test_live_switches_do_not_load_the_text_encoder_again) {
   fail_unless(p != nullptr);
   TagProbe tags;
   tags.attach(p);
-  GstElement* gen = gst_bin_get_by_name(GST_BIN(p), "gen");
-  GstAppSink* sink = GST_APP_SINK(gst_bin_get_by_name(GST_BIN(p), "out"));
   const uint64_t before = latent::TextEncoder::loads();
-  fail_unless(gst_element_set_state(p, GST_STATE_PLAYING) != GST_STATE_CHANGE_FAILURE);
-  size_t n = 0;
   uint64_t started = 0;
   const char* prompts[] = {"a snowy forest", "a city at night", "a calm sea"};
   latent_test::PromptsSettled settled;
-  while (GstSample* s = gst_app_sink_try_pull_sample(sink, 60 * GST_SECOND)) {
-    gst_sample_unref(s);
-    if (++n == 1) started = latent::TextEncoder::loads();
-    if (n == 2 || n == 5 || n == 8) {
-      g_object_set(gen, "prompt", prompts[(n - 2) / 3], nullptr);
-      fail_unless(settled.wait_for((n + 1) / 3), "the live prompt %zu never reached the stream", (n + 1) / 3);
-    }
-  }
-  fail_unless(gst_app_sink_is_eos(sink) && n == 12, "the stream gave %zu latents", n);
-  gst_element_set_state(p, GST_STATE_NULL);
-  gst_object_unref(sink);
-  gst_object_unref(gen);
+  const size_t n = play_to_end(p, [&](size_t n, GstSample*, GstElement* gen) {
+    if (n == 1) started = latent::TextEncoder::loads();
+    if (n == 2 || n == 5 || n == 8) switch_and_settle(gen, "prompt", prompts[(n - 2) / 3], settled);
+  });
+  fail_unless(n == 12, "the stream gave %zu latents", n);
   gst_object_unref(p);
   fail_unless_equals_int(started - before, 1);
   fail_unless(tags.tags.size() >= 1, "no prompt switched");

@@ -108,6 +108,18 @@ std::function<void(GstElement*)> feed(torch::Tensor frames, std::function<void(G
   };
 }
 
+// Runs appsrc ! videorestyle `props` (prompt A) ! appsink over `frames`; `also` sets up the pipeline further
+// before the frames are queued.
+void run_restyle(Out& out, const torch::Tensor& frames, const std::function<void(GstElement*)>& also = {},
+                 const std::string& props = "raw-input=false") {
+  latent_test::run("appsrc name=in ! " + restyle(props) + " ! appsink name=out", out, 120 * GST_SECOND,
+                   [&](GstElement* p) {
+                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
+                     if (also) also(p);
+                     feed(frames)(p);
+                   });
+}
+
 torch::Tensor got(const Out& out) { return latent_test::stacked(out, kC, kH, kW)[0].transpose(0, 1); }  // [T, C, h, w]
 
 double rel(const torch::Tensor& a, const torch::Tensor& b) {
@@ -150,11 +162,7 @@ struct SetAtFrame {
 // frame it restyles.
 GST_START_TEST(test_restyle_equals_streamdiffusionv2) {
   Out out;
-  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
-                   [&](GstElement* p) {
-                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                     feed(raw_input())(p);
-                   });
+  run_restyle(out, raw_input());
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   fail_unless_equals_int(out.buffers.size(), 14);
   const double err = rel(got(out), want());
@@ -175,20 +183,13 @@ GST_START_TEST(test_normalised_latents_are_made_raw) {
   const torch::Tensor std = torch::tensor(s.std, torch::kDouble).to(torch::kFloat).view({1, -1, 1, 1});
   const torch::Tensor normalised = (raw_input() - mean) / std;
   Out out;
-  latent_test::run("appsrc name=in ! " + restyle() + " ! appsink name=out", out, 120 * GST_SECOND, [&](GstElement* p) {
-    g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-    feed(normalised)(p);
-  });
+  run_restyle(out, normalised, {}, "");
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   const double err = rel(got(out), want());
   fail_unless(err <= kTolerance, "relative error %g", err);
   // And the test can fail: the same latents passed as they come are another input.
   Out plain;
-  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", plain, 120 * GST_SECOND,
-                   [&](GstElement* p) {
-                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                     feed(normalised)(p);
-                   });
+  run_restyle(plain, normalised);
   fail_unless(rel(got(plain), want()) > 1e-2);
 }
 GST_END_TEST;
@@ -245,38 +246,31 @@ GST_START_TEST(test_prompt_set_while_playing_switches) {
   } seen;
   SetAtFrame set{4, "prompt-embeds", prompt_b()};
   Out out;
-  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
-                   [&](GstElement* p) {
-                     GstElement* r = gst_bin_get_by_name(GST_BIN(p), "r");
-                     g_object_set(r, "prompt-embeds", prompt_a().c_str(), nullptr);
-                     GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
-                     GstPad* pad = gst_element_get_static_pad(sink, "sink");
-                     gst_pad_add_probe(
-                         pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM),
-                         [](GstPad*, GstPadProbeInfo* info, gpointer d) {
-                           auto* s = static_cast<Seen*>(d);
-                           std::lock_guard<std::mutex> lock(s->mu);
-                           if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
-                             s->buffers++;
-                           } else if (GstEvent* e = GST_PAD_PROBE_INFO_EVENT(info);
-                                      GST_EVENT_TYPE(e) == GST_EVENT_TAG) {
-                             GstTagList* tags;
-                             gst_event_parse_tag(e, &tags);
-                             gchar* label = nullptr;
-                             if (gst_tag_list_get_string(tags, "latent-prompt", &label) && s->tag_at < 0)
-                               s->tag_at = long(s->buffers);
-                             g_free(label);
-                           }
-                           return GST_PAD_PROBE_OK;
-                         },
-                         &seen, nullptr);
-                     gst_object_unref(pad);
-                     gst_object_unref(sink);
-                     // At the fourth frame, from the streaming thread (as an application's would come from any thread).
-                     set.attach(p);
-                     gst_object_unref(r);
-                     feed(raw_input())(p);
-                   });
+  run_restyle(out, raw_input(), [&](GstElement* p) {
+    GstElement* sink = gst_bin_get_by_name(GST_BIN(p), "out");
+    GstPad* pad = gst_element_get_static_pad(sink, "sink");
+    gst_pad_add_probe(
+        pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM),
+        [](GstPad*, GstPadProbeInfo* info, gpointer d) {
+          auto* s = static_cast<Seen*>(d);
+          std::lock_guard<std::mutex> lock(s->mu);
+          if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
+            s->buffers++;
+          } else if (GstEvent* e = GST_PAD_PROBE_INFO_EVENT(info); GST_EVENT_TYPE(e) == GST_EVENT_TAG) {
+            GstTagList* tags;
+            gst_event_parse_tag(e, &tags);
+            gchar* label = nullptr;
+            if (gst_tag_list_get_string(tags, "latent-prompt", &label) && s->tag_at < 0) s->tag_at = long(s->buffers);
+            g_free(label);
+          }
+          return GST_PAD_PROBE_OK;
+        },
+        &seen, nullptr);
+    gst_object_unref(pad);
+    gst_object_unref(sink);
+    // At the fourth frame, from the streaming thread (as an application's would come from any thread).
+    set.attach(p);
+  });
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   fail_unless_equals_int(out.buffers.size(), 14);
   fail_unless(seen.tag_at >= 2 && seen.tag_at < 13, "the switch landed at output %ld", seen.tag_at);
@@ -430,13 +424,10 @@ GST_START_TEST(test_bad_embeddings_set_while_playing_are_warnings) {
     SetAtFrame set{4, "prompt-embeds", file};
     Warnings warnings;
     Out out;
-    latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
-                     [&](GstElement* p) {
-                       g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                       set.attach(p);
-                       warnings.attach(p);
-                       feed(raw_input())(p);
-                     });
+    run_restyle(out, raw_input(), [&](GstElement* p) {
+      set.attach(p);
+      warnings.attach(p);
+    });
     fail_unless(out.error.empty(), "%s: %s", name.c_str(), out.error.c_str());
     fail_unless_equals_int(out.buffers.size(), 14);
     std::lock_guard<std::mutex> lock(warnings.mu);
@@ -485,12 +476,7 @@ GST_END_TEST;
 GST_START_TEST(test_non_finite_output_is_said_once) {
   Warnings warnings;
   Out out;
-  latent_test::run("appsrc name=in ! " + restyle("raw-input=false") + " ! appsink name=out", out, 120 * GST_SECOND,
-                   [&](GstElement* p) {
-                     g_object_set(gst_bin_get_by_name(GST_BIN(p), "r"), "prompt-embeds", prompt_a().c_str(), nullptr);
-                     warnings.attach(p);
-                     feed(torch::full_like(raw_input().narrow(0, 0, 5), 1e30f))(p);
-                   });
+  run_restyle(out, torch::full_like(raw_input().narrow(0, 0, 5), 1e30f), [&](GstElement* p) { warnings.attach(p); });
   fail_unless(out.error.empty(), "%s", out.error.c_str());
   fail_unless_equals_int(out.buffers.size(), 5);
   std::lock_guard<std::mutex> lock(warnings.mu);
