@@ -265,7 +265,17 @@ torch::Tensor WeightReader::take(const std::string& name, std::vector<int64_t> s
   }
   if (!at::isFloatingType(it->second.scalar_type()))
     misshaped_.push_back(name + " has dtype " + std::string(c10::toString(it->second.scalar_type())));
-  torch::Tensor t = it->second.to(device_, dtype_).contiguous();
+  torch::Tensor stored = it->second;
+  if (auto u = source_.updates.find(name); u != source_.updates.end()) {
+    torch::Tensor merged = stored.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    for (const WeightUpdate& update : u->second) {
+      merged.add_(update.make());
+      if (!at::isfinite(merged).all().item<bool>())
+        throw ModelError(update.from + ": \"" + name + "\" overflows float32 with its update");
+    }
+    stored = merged;
+  }
+  torch::Tensor t = stored.to(device_, dtype_).contiguous();
   if (t.is_same(it->second)) return t.alias();
   // One NaN weight makes every latent NaN; a value past the dtype's range becomes infinite in the conversion.
   if (at::isFloatingType(t.scalar_type()) && !at::isfinite(t).all().item<bool>()) {

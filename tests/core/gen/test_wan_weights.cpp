@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -60,6 +61,12 @@ double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
 fs::path folder() { return fixtures() / "pipeline"; }
 
 WeightSource weights(const WeightEdits& edits) { return wan_transformer_weights(folder() / "transformer", edits); }
+
+// A tensor as a model takes it from `w` (LoRA updates merged), float32 on the CPU.
+torch::Tensor taken(const WeightSource& w, const std::string& name) {
+  WeightReader r(w, torch::kCPU, torch::kFloat);
+  return r.take(name, w.tensors.at(name).sizes().vec());
+}
 
 torch::Tensor predict(const DenoiserFiles& files = {}) {
   const auto m = load_denoiser(folder(), {}, files);
@@ -246,17 +253,29 @@ TEST(WanLora, ScaleZeroIsThePlainModel) {
   EXPECT_TRUE(torch::equal(got, predict()));
 }
 
-// The merged tensors stay float32 whatever the file's dtype; the model's reader casts them.
-TEST(WanLora, MergedTensorsAreFloat32) {
+// A merge makes no copy of the weights: the stored tensors stay as they are (views of the mapped file) and each
+// edited one is merged in float32 as the model takes it, so the float32 copies never all exist at once (a merge
+// used to replace every edited tensor by its float32 copy before the model took the first).
+TEST(WanLora, MergesAsTheModelTakesEachTensor) {
   LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
   WeightEdits e;
   e.loras = {{fixtures() / "lora-original.safetensors", 0.7}};
   const WeightSource w = weights(e);
   const WeightSource plain = weights({});
-  EXPECT_EQ(w.tensors.at("blocks.0.attn1.to_q.weight").scalar_type(), torch::kFloat);
-  EXPECT_FALSE(torch::equal(w.tensors.at("blocks.0.attn1.to_q.bias"), plain.tensors.at("blocks.0.attn1.to_q.bias")));
+  const auto in_the_file = [&](const torch::Tensor& t) {
+    const auto* p = static_cast<const std::byte*>(t.data_ptr());
+    return std::any_of(w.mapped.begin(), w.mapped.end(),
+                       [&](std::span<const std::byte> m) { return p >= m.data() && p < m.data() + m.size(); });
+  };
+  for (const auto& [name, t] : w.tensors) {
+    EXPECT_TRUE(in_the_file(t)) << name << " was copied by the merge";
+    EXPECT_EQ(t.scalar_type(), plain.tensors.at(name).scalar_type()) << name;
+  }
+  ASSERT_TRUE(w.updates.count("blocks.0.attn1.to_q.weight"));
+  EXPECT_FALSE(torch::equal(taken(w, "blocks.0.attn1.to_q.bias"), taken(plain, "blocks.0.attn1.to_q.bias")));
   // No diff_b for to_k: its bias is the folder's.
-  EXPECT_TRUE(torch::equal(w.tensors.at("blocks.0.attn1.to_k.bias"), plain.tensors.at("blocks.0.attn1.to_k.bias")));
+  EXPECT_FALSE(w.updates.count("blocks.0.attn1.to_k.bias"));
+  EXPECT_TRUE(torch::equal(taken(w, "blocks.0.attn1.to_k.bias"), taken(plain, "blocks.0.attn1.to_k.bias")));
 }
 
 TEST(WanLora, ErrorsNameTheFileAndTheKey) {
@@ -342,12 +361,12 @@ TEST(WanLora, OriginalDiffsAndIntegerAlpha) {
   WeightSource w = weights({});
   merge_lora(w, {file, 0.5});
   auto close = [](const torch::Tensor& a, const torch::Tensor& b) { return torch::allclose(a, b, 1e-6, 1e-6); };
-  const auto& before = plain.tensors;
-  EXPECT_TRUE(close(w.tensors.at("blocks.0.attn1.to_q.weight"), before.at("blocks.0.attn1.to_q.weight") + 0.5 * diff));
-  EXPECT_TRUE(close(w.tensors.at("blocks.0.scale_shift_table"), before.at("blocks.0.scale_shift_table") + 0.5 * mod));
-  EXPECT_TRUE(torch::equal(w.tensors.at("blocks.0.norm2.weight"), before.at("blocks.0.norm2.weight")));
-  EXPECT_TRUE(close(w.tensors.at("blocks.1.ffn.net.0.proj.weight"),
-                    before.at("blocks.1.ffn.net.0.proj.weight") + 0.5 * (2.0 / 4) * torch::matmul(up, down)));
+  auto before = [&](const std::string& name) { return taken(plain, name); };
+  EXPECT_TRUE(close(taken(w, "blocks.0.attn1.to_q.weight"), before("blocks.0.attn1.to_q.weight") + 0.5 * diff));
+  EXPECT_TRUE(close(taken(w, "blocks.0.scale_shift_table"), before("blocks.0.scale_shift_table") + 0.5 * mod));
+  EXPECT_TRUE(torch::equal(taken(w, "blocks.0.norm2.weight"), before("blocks.0.norm2.weight")));
+  EXPECT_TRUE(close(taken(w, "blocks.1.ffn.net.0.proj.weight"),
+                    before("blocks.1.ffn.net.0.proj.weight") + 0.5 * (2.0 / 4) * torch::matmul(up, down)));
 }
 
 // Finite factors whose product overflows float32, and scales past float32's range, are refused naming the file and
@@ -355,9 +374,14 @@ TEST(WanLora, OriginalDiffsAndIntegerAlpha) {
 TEST(WanLora, OverflowAndScalesPastFloat32AreRefused) {
   LATENT_REQUIRE_WAN_WEIGHTS_FIXTURES();
   const std::string q = "transformer.blocks.0.attn1.to_q.";
-  expect_mentions(lora_error("lora-overflow.safetensors", {{q + "lora_A.weight", torch::full({4, kDim}, 1e20f)},
-                                                           {q + "lora_B.weight", torch::full({kDim, 4}, 1e20f)}}),
-                  {q + "lora_B.weight", "overflows float32"});
+  const fs::path overflow = write_file(
+      "lora-overflow.safetensors",
+      {{q + "lora_A.weight", torch::full({4, kDim}, 1e20f)}, {q + "lora_B.weight", torch::full({kDim, 4}, 1e20f)}});
+  // Found when the model takes the tensor, still at load.
+  expect_mentions(model_error([&] {
+                    load_denoiser(folder(), {}, with_loras({{overflow, 0.7}}));
+                  }),
+                  {overflow.string(), q + "lora_B.weight", "overflows float32"});
   const fs::path file =
       write_file("lora-fine.safetensors", {{q + "lora_A.weight", r({4, kDim})}, {q + "lora_B.weight", r({kDim, 4})}});
   for (const double scale : {1e39, -1e308}) {
@@ -367,7 +391,8 @@ TEST(WanLora, OverflowAndScalesPastFloat32AreRefused) {
   }
   WeightSource w = weights({});
   const torch::Tensor before = w.tensors.at("blocks.0.attn1.to_q.weight").clone();
-  EXPECT_THROW(merge_lora(w, {scratch() / "lora-overflow.safetensors", 1.0}), ModelError);
+  merge_lora(w, {overflow, 1.0});
+  EXPECT_THROW(taken(w, "blocks.0.attn1.to_q.weight"), ModelError);
   EXPECT_TRUE(torch::equal(w.tensors.at("blocks.0.attn1.to_q.weight"), before));
 }
 
@@ -382,8 +407,8 @@ TEST(WanLora, LaterErrorsChangeNothing) {
                                                           {q + "lora_A.weight", r({4, kDim})},
                                                           {q + "lora_B.weight", r({kDim, 5})}});
   EXPECT_THROW(merge_lora(w, {file, 1.0}), ModelError);
-  EXPECT_TRUE(torch::equal(w.tensors.at("blocks.0.attn1.to_k.weight"), before));
-  EXPECT_EQ(w.tensors.at("blocks.0.attn1.to_k.weight").scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(taken(w, "blocks.0.attn1.to_k.weight"), before));
+  EXPECT_TRUE(w.updates.empty());
 }
 
 // ---- "FILE:SCALE[,FILE:SCALE...]"
@@ -498,8 +523,8 @@ TEST(WanLora, LongLiveSpellingsMergeAlike) {
   e2.loras = {{f2, 0.5}};
   const WeightSource w1 = weights(e1), w2 = weights(e2);
   const std::string name = "blocks.1.attn2.to_v.weight";
-  EXPECT_TRUE(torch::allclose(w1.tensors.at(name), before.tensors.at(name) + 0.5 * torch::matmul(b, a), 1e-6, 1e-6));
-  EXPECT_TRUE(torch::equal(w1.tensors.at(name), w2.tensors.at(name)));
+  EXPECT_TRUE(torch::allclose(taken(w1, name), taken(before, name) + 0.5 * torch::matmul(b, a), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::equal(taken(w1, name), taken(w2, name)));
 }
 
 }  // namespace

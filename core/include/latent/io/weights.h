@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -27,11 +28,20 @@ struct ModelConfig {
   std::string text;        // the JSON object as read
 };
 
+// A float32 term added to a stored tensor when a model takes it (a LoRA's product), and where it comes from.
+struct WeightUpdate {
+  std::string from;                     // "<file>: \"<key>\"", for messages
+  std::function<torch::Tensor()> make;  // the term, float32 on the CPU; throws ModelError when it is not finite
+};
+
 struct WeightSource {
   std::filesystem::path weights;  // the tensor file actually read
   std::optional<ModelConfig> config;
   std::map<std::string, std::string> metadata;
   std::map<std::string, torch::Tensor> tensors;  // CPU, dtype as stored
+  // Terms added, in order, to the named tensors as WeightReader takes them: merged one tensor at a time, in float32,
+  // so the merged copies never all exist at once.
+  std::map<std::string, std::vector<WeightUpdate>> updates;
   // The memory-mapped files the tensors point into (safetensors and torch.save checkpoints alike).
   std::vector<std::span<const std::byte>> mapped;
 };
@@ -51,7 +61,8 @@ class WeightReader {
   // source's storage, so settle_residency() can tell kept tensors from dropped ones by their storage's users.
   // A converted tensor (another device or dtype) is checked for NaN and infinite values on the way, which costs one
   // pass over memory it has just written; one that is only viewed is not, so its mapped pages are not all read at
-  // load (the elements say so of their output instead).
+  // load (the elements say so of their output instead). A tensor with updates is merged here (a float32 copy plus
+  // each term): ModelError naming the update when the sum overflows float32.
   torch::Tensor take(const std::string& name, std::vector<int64_t> shape);
   // Throws ModelError listing missing, mis-shaped, non-finite and unused tensors, if any.
   void finish() const;

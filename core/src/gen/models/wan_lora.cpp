@@ -257,12 +257,10 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
     return it->second;
   };
 
-  // Every check before the first change, so a bad file leaves the weights as they were. The updates are made one
-  // at a time after the checks and added at once, so at most one float32 product exists beside the merged copies
-  // (the products of every layer were all kept before).
+  // Every check before the first change, so a bad file leaves the weights as they were. The products are made
+  // later, as the model takes each tensor (WeightReader::take): one float32 product and one merged copy at a time.
   struct Edit {
-    std::string name, key;  // the tensor edited, and the LoRA key its update comes from
-    torch::Tensor base;
+    std::string name, key;               // the tensor edited, and the LoRA key its update comes from
     std::function<torch::Tensor()> add;  // the new tensor is base + add(), float32
   };
   std::vector<Edit> edits;
@@ -300,7 +298,7 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
         factor = peft.factor();
       }
       const float s = float(lora.scale * factor);
-      edits.push_back({module + ".weight", d.up.key, w,
+      edits.push_back({module + ".weight", d.up.key,
                        [a, b, s] { return torch::matmul(b.to(torch::kFloat), a.to(torch::kFloat)).mul_(s); }});
     }
     if (d.bias) {
@@ -311,7 +309,7 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
       // PEFT scales lora_B's bias like the product; the original format's alpha is folded into A and B only.
       const double s = lora.scale * (format == Format::peft ? peft.factor() : 1.0);
       const torch::Tensor t = d.bias.t;
-      edits.push_back({module + ".bias", d.bias.key, bias, [t, s] { return t.to(torch::kFloat) * float(s); }});
+      edits.push_back({module + ".bias", d.bias.key, [t, s] { return t.to(torch::kFloat) * float(s); }});
     }
     if (d.diff) {
       // A whole-weight difference: on "<module>.weight", or on the parameter itself (a block's modulation).
@@ -322,24 +320,23 @@ void merge_lora(WeightSource& weights, const LoraFile& lora) {
                                ": a LoRA for a model of another size");
       const torch::Tensor t = d.diff.t;
       const float s = float(lora.scale);
-      edits.push_back({name, d.diff.key, w, [t, s] { return t.to(torch::kFloat) * s; }});
+      edits.push_back({name, d.diff.key, [t, s] { return t.to(torch::kFloat) * s; }});
     }
   }
-  // Several edits may land on one tensor (a product and a diff): each adds to what the previous left.
-  std::map<std::string, torch::Tensor> merged;
-  for (const Edit& e : edits) {
-    const torch::Tensor add = e.add();
-    // Finite factors can still overflow float32 in their product (factors of 1e20), or in the sum.
-    if (!torch::isfinite(add).all().item<bool>())
-      throw ModelError(where + ": \"" + e.key + "\": its update of \"" + e.name + "\" overflows float32 at scale " +
-                       std::to_string(lora.scale));
-    auto [it, fresh] = merged.try_emplace(e.name);
-    if (fresh) it->second = e.base.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    it->second.add_(add);
-    if (!torch::isfinite(it->second).all().item<bool>())
-      throw ModelError(where + ": \"" + e.key + "\": \"" + e.name + "\" overflows float32 with its update");
+  // Several edits may land on one tensor (a product and a diff, or two LoRAs): each adds to what the previous left.
+  for (Edit& e : edits) {
+    const std::string from = where + ": \"" + e.key + "\"";
+    const double scale = lora.scale;
+    weights.updates[e.name].push_back({from, [from, name = e.name, scale, add = std::move(e.add)] {
+                                         torch::Tensor t = add();
+                                         // Finite factors can still overflow float32 in their product (factors of
+                                         // 1e20).
+                                         if (!torch::isfinite(t).all().item<bool>())
+                                           throw ModelError(from + ": its update of \"" + name +
+                                                            "\" overflows float32 at scale " + std::to_string(scale));
+                                         return t;
+                                       }});
   }
-  for (auto& [name, t] : merged) weights.tensors[name] = std::move(t);
 }
 
 }  // namespace latent

@@ -206,6 +206,8 @@ WeightSource subset(const WeightSource& src, bool fp32) {
   out.weights = src.weights;
   for (const auto& [k, t] : src.tensors)
     if (kept_in_fp32(k) == fp32) out.tensors.emplace(k, t);
+  for (const auto& [k, u] : src.updates)
+    if (kept_in_fp32(k) == fp32) out.updates.emplace(k, u);
   return out;
 }
 
