@@ -3,7 +3,7 @@
 #pragma once
 
 #include <torch/csrc/autograd/profiler_kineto.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #ifdef LATENT_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

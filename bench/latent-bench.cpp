@@ -21,7 +21,8 @@
 //
 //   torchrun --nproc-per-node 2 --no-python build/bench/latent-bench --model M --device cuda --direction decode
 #include <c10/core/InferenceMode.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

@@ -25,7 +25,8 @@
 // with --sink frames kept. Each next() is one block, so next_seconds holds the block times and the first one is
 // the time to the first latent. tools/bench --generate --causal runs it next to the reference's own loop.
 #include <c10/core/InferenceMode.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <sys/resource.h>
 #include <algorithm>

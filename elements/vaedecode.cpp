@@ -1,7 +1,7 @@
 #include "vaedecode.h"
 
 #include <gst/video/video.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <chrono>

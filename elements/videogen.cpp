@@ -1,6 +1,6 @@
 #include "videogen.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <chrono>

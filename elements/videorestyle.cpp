@@ -1,6 +1,6 @@
 #include "videorestyle.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <deque>

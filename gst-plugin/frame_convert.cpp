@@ -1,6 +1,6 @@
 #include "frame_convert.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <stdexcept>
 

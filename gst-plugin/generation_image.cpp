@@ -5,7 +5,7 @@
 
 #include <gst/gst.h>
 #include <gst/video/video.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cstring>

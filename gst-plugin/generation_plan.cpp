@@ -1,7 +1,7 @@
 // Settings to a run: generator options, caps, frame counts.
 #include "generation_plan.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <numeric>

@@ -1,7 +1,7 @@
 #include "model_glue.h"
 
 #include <c10/util/Exception.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "latent/io/safetensors.h"
 #include "latent/runtime/build_info.h"

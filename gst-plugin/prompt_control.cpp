@@ -1,6 +1,7 @@
 #include "prompt_control.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <stdexcept>

@@ -3,7 +3,7 @@
 // Include after the C++ standard headers, torch and gst/check/gstcheck.h (check's macros rewrite names).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <optional>

@@ -4,7 +4,7 @@
 // an endless stream, and the errors of bad settings.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
 #include <sys/wait.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <atomic>

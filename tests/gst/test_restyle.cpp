@@ -4,7 +4,7 @@
 // switched while playing and latents of another model refused. Part of gst-causal-tests (add_restyle_tests).
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <filesystem>

@@ -4,7 +4,7 @@
 // folder's VAE, and the errors of bad input.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <cmath>

@@ -4,7 +4,7 @@
 // folder's VAE gives, and what a folder or a setting the code does not implement is refused with.
 
 // The C++ headers come first: check's function-like macros (fail, ...) would rewrite their members.
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <filesystem>

@@ -2,6 +2,7 @@
 #include "latent/gen/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

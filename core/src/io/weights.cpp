@@ -3,6 +3,7 @@
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/isinf.h>
 #include <ATen/ops/isnan.h>
+#include <torch/serialize.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>

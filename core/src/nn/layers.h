@@ -3,7 +3,7 @@
 // stream, at an index fixed when the model is built. One loaded model therefore serves any number of streams.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>

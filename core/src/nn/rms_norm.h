@@ -1,7 +1,7 @@
 // The channel RMS norm of the Wan family, with a CPU kernel of its own (rms_norm.cpp says why).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace latent::layers {
 

@@ -8,7 +8,7 @@
 // against float64).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string_view>
 

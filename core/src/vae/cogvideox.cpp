@@ -3,7 +3,7 @@
 // GroupNorm takes its statistics over all frames of a chunk, so results depend on where chunks are cut. The
 // engine therefore always cuts the reference's chunks: 1 + 8 frames, then 8, when encoding; 3 latents, then 2,
 // when decoding. Convolutions carry their last two input frames across chunks, as in the reference.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 

@@ -2,7 +2,7 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <stdexcept>
 

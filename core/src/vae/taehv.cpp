@@ -12,7 +12,7 @@
 //
 // The architecture comes from the tensors' shapes (patch size, latent channels, time strides, base or super
 // decoder), never from the file's name, which the reference reads instead.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 

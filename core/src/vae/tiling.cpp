@@ -1,7 +1,7 @@
 #include "tiling.h"
 
 #include <c10/core/InferenceMode.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <stdexcept>

@@ -10,7 +10,7 @@
 // down, their duplication going up); these see whole chunks, and stay exact under any cut the rule above allows
 // because a later chunk always holds an even number of frames at every temporally downsampled level. And the
 // decoder's upsamplers keep their width instead of halving it.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <variant>

@@ -3,7 +3,7 @@
 // another size, without a model of its own.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <utility>

@@ -2,7 +2,7 @@
 // equals PyTorch's, and a damaged package or a wrong input is a clear error.
 #include <ATen/cpu/Utils.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gen_fixtures.h"
 #include "latent/gen/denoiser.h"

@@ -7,7 +7,7 @@
 // A wrong window, sink, RoPE position, timestep or re-cache moves a block by 1e-2 or more (the fixture script
 // checks that a block differs by 0.08 without its context pass and by 0.09 with another window).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <unistd.h>
 #include <atomic>

@@ -2,7 +2,7 @@
 // CogVideoXTransformer3DModel and CogVideoXPipeline on tiny random-weight pipeline folders
 // (tests/fixtures/gen_cogvideox_transformer_fixtures.py), its folder layouts, and the errors bad input gives.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <cstdlib>

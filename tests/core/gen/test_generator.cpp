@@ -1,7 +1,7 @@
 // The schedules: clip equals diffusers' Wan pipeline loop; fifo and rolling give every frame its whole trajectory,
 // call the model within its window, carry clean context, repeat themselves for a seed, and keep constant memory.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <malloc.h>
 

@@ -3,7 +3,8 @@
 // and the two experts of a Wan 2.2 A14B folder. On the tiny Wan pipeline of
 // tests/fixtures/gen_wan_transformer_fixtures.py, edited per test.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <filesystem>

@@ -3,7 +3,8 @@
 // directly, seed 7). Tolerance: 1e-4 of the largest output value (float32 and float64 arithmetic in the same order;
 // the reference batches the step rows into one call, here they are separate calls).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdio>

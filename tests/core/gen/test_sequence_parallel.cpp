@@ -2,7 +2,7 @@
 // 4 ranks (threads on the CPU, store backend) against the same model on one device. The models are random-weight
 // diffusers folders written here, with 12 heads so that every one of those degrees divides them.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -1,7 +1,7 @@
 // The native latent-gen-small denoiser (core/src/gen/models/small_denoiser.cpp) against its PyTorch module
 // (models/recipes/gen_small_model.py) on random weights, its causality, and the errors a damaged file gives.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdlib>
 #include <filesystem>

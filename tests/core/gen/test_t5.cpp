@@ -3,7 +3,7 @@
 // tests/fixtures/gen_t5_fixtures.py; and how TextEncoder::load tells the families apart.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdlib>
 #include <filesystem>

@@ -2,7 +2,7 @@
 // diffusers' WanPipeline._get_t5_prompt_embeds, on the tiny pipeline folder of tests/fixtures/gen_umt5_fixtures.py.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cstdlib>

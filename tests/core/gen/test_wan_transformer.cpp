@@ -2,7 +2,7 @@
 // tiny random-weight pipeline folder (tests/fixtures/gen_wan_transformer_fixtures.py), its folder layouts, and the
 // errors a damaged folder gives.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <cstdlib>

@@ -2,7 +2,7 @@
 // (core/src/gen/models/wan_weights.cpp, wan_lora.cpp), against diffusers 0.42.1 with PEFT on a tiny random model
 // (tests/fixtures/gen_wan_weights_fixtures.py); and the errors that hostile or mismatched files give.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -2,7 +2,8 @@
 // as views of the mapped file that share memory where Python's tensors did; hostile archives each end in an
 // error naming the file and the defect, never a crash, a runaway allocation or a call of a pickled function.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <cstdlib>

@@ -2,7 +2,8 @@
 // activations stay within the budget. Runs in the core-memory test (one process per suite, the CPU heap on), where
 // heap_bytes() is the stream's resident activation memory.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <fstream>
 #include <string>

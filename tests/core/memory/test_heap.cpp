@@ -2,7 +2,7 @@
 // it behave like any other, whichever thread frees them and however long they outlive the heap.
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <cstdlib>

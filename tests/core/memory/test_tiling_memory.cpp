@@ -2,7 +2,8 @@
 // after another and share one activation heap (core/src/vae/tiling.cpp). Runs in the core-memory test, alone in a
 // fresh process with glibc returning freed blocks at once, so RSS follows live memory.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <fstream>
 #include <string>

@@ -1,7 +1,8 @@
 // settle_residency: the pages of weights a model keeps are resident after loading, the pages of weights it
 // replaced leave the process, and nothing read from the file changes.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <fstream>

@@ -3,7 +3,8 @@
 // The two paths agree to float32 rounding (1e-6), not bitwise: SiLU's vector loops split a strided view's rows
 // differently from a contiguous tensor's.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "nn/layers.h"
 

@@ -1,7 +1,8 @@
 // The CPU convolution paths (core/src/winograd.h, layers.h conv_direct) against float64 convolutions.
 // Whole-model parity with diffusers on these paths runs in the core-winograd test (LATENT_CPU_CONV=winograd).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <stdexcept>
 

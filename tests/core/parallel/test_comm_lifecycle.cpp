@@ -2,7 +2,7 @@
 // fails while the others form it, the watchdog that gives queued collectives their deadlines, and which
 // communicators the generator forms.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <atomic>

@@ -2,7 +2,7 @@
 // where the elements look for them, within the size budget; the VAE runs exactly as diffusers runs its weights.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <optional>

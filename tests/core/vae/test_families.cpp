@@ -1,7 +1,7 @@
 // The family table (core/src/vae/families.cpp): every family is recognised by its config class, by the "family"
 // key of __metadata__ and by its tensor names, and says how it cuts time.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <map>
 #include <set>

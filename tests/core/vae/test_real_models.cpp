@@ -2,7 +2,7 @@
 // diffusers folder (or a .safetensors / Wan2.1_VAE.pth / Wan2.2_VAE.pth file). The tests skip when the variable is
 // unset.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <cstdlib>

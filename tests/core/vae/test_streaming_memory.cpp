@@ -2,7 +2,7 @@
 // with the number of frames pushed.
 #include <gtest/gtest.h>
 #include <malloc.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <fstream>

@@ -1,6 +1,6 @@
 // CogVideoX against diffusers' AutoencoderKLCogVideoX (fixtures generated at build time from the real library).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "latent/vae/streaming.h"
 #include "latent/vae/vae.h"

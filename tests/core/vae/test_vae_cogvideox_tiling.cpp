@@ -1,7 +1,7 @@
 // CogVideoX spatial tiling against diffusers' enable_tiling() (cogvideox_tiling.safetensors, made at build time by
 // tests/fixtures/gen_vae_fixtures.py with 48x40-pixel tiles and the default overlaps).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "latent/vae/sharded_streaming.h"
 #include "latent/vae/streaming.h"

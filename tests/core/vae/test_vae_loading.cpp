@@ -1,6 +1,6 @@
 // Bad model sources end in a ModelError (or SafetensorsError) that names the file and the problem.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <fstream>

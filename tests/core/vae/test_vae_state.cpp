@@ -1,7 +1,7 @@
 // A stream's state belongs to one model and one direction. Handing a decoder's state to encode_chunk (or a state of
 // another model) used to index past the state's slots; now it is a clear error and the state is left as it was.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 

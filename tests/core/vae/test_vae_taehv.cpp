@@ -2,7 +2,7 @@
 // the published key names: weights and inputs regenerated at build time and checked, the reference's outputs
 // committed in tests/fixtures/data/taehv/ (tests/fixtures/gen_taehv_fixtures.py).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdlib>
 #include <fstream>

@@ -1,6 +1,6 @@
 // Wan 2.1 against diffusers' AutoencoderKLWan (fixtures generated at build time from the real library).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <fstream>
 

@@ -1,7 +1,7 @@
 // Wan 2.2 (the TI2V-5B VAE: residual levels, 2x2 patchify) against diffusers' AutoencoderKLWan with
 // is_residual=True, on a tiny random model of the published layout (tests/fixtures/gen_vae_fixtures.py).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <fstream>
 #include <sstream>

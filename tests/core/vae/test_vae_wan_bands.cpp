@@ -2,7 +2,8 @@
 // its convolutions read, with its own caches) equals the whole-frame stream, for Wan 2.1 and Wan 2.2 configs,
 // the shipped default model, and band heights from one latent row (far smaller than the halo) to one band.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "latent/runtime/default_model.h"
 #include "latent/vae/sharded_streaming.h"

@@ -8,7 +8,7 @@
 // the 5B model instead rotates queries and keys with the 3-D RoPE that CogVideoXPipeline computes (its positions
 // stretched over the crop of a 720x480 grid the latent size fits in), which is reproduced here so the model alone
 // gives what the pipeline's loop gives. The model takes a single timestep per call.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <list>

@@ -1,6 +1,8 @@
 // The checked entry of every denoiser and the choice of backend by file.
 #include "latent/gen/denoiser.h"
 
+#include <torch/utils.h>
+
 #include <sstream>
 
 #include "gen/models/backends.h"

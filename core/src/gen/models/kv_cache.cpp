@@ -1,5 +1,5 @@
 // The key/value cache of a causal stream: whole frames, a sink in front, the most recent frames after it.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <stdexcept>

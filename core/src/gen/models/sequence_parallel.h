@@ -3,7 +3,7 @@
 // so that each rank attends over the whole sequence with its own heads, which gives the one-device values.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "latent/parallel/comm.h"
 

@@ -1,7 +1,7 @@
 // StreamDiffusionV2's cache rules (models/wan/causal_model.py, CausalWanSelfAttention.forward), in frames.
 #include "gen/models/sink_ring_cache.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <stdexcept>
 #include <string>

@@ -10,7 +10,7 @@
 // Output frame t depends on input frames <= t only (per-frame layers, causal temporal convs with zero padding in
 // front). A run over a whole window is therefore already what a frame-by-frame run with carried caches would give,
 // so this version carries no cache between calls: callers that slide windows re-run the overlap.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <optional>

@@ -10,7 +10,7 @@
 // the factor is 1 as for a diffusers file without metadata.
 #include "gen/models/wan_lora.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

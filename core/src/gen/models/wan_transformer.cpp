@@ -6,7 +6,8 @@
 // Each latent frame has its own timestep (the Denoiser interface), which is diffusers' per-token timestep with
 // one value repeated over a frame's patches (tools/export_denoiser.py feeds it so): the time embedding and the
 // modulation are computed once per frame here and broadcast over that frame's tokens, which is the same values.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

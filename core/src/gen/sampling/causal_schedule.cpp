@@ -2,7 +2,7 @@
 // sink and prompt switches (KV re-cache). Memory is the key/value window and as many clean latents, whatever the
 // length.
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <deque>

@@ -4,7 +4,7 @@
 // value with a LibTorch kernel (log, expm1, linspace, cumprod, a 2x2 solve), the same kernel computes it here.
 #include "latent/gen/sampler.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

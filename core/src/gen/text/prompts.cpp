@@ -1,6 +1,7 @@
 #include "latent/gen/prompts.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "latent/io/weights.h"
 

@@ -1,7 +1,8 @@
 #include "gen/text/t5_encoder.h"
 
 #include <ATen/ops/scaled_dot_product_attention.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,6 @@
 #include "latent/gen/text_encoder.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <optional>
 
